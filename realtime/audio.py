@@ -1,0 +1,334 @@
+"""Audio front-end: log-mel features (offline and incremental), streaming resampling, file loading.
+
+The log-mel is the Whisper/Voxtral recipe (DESIGN §1.1): Hann window of `n_fft` samples, hop
+`hop_length`, power spectrum without the last STFT frame, Slaney mel filters, `log10`, a floor at the
+*fixed* `global_log_mel_max - 8`, then `(x + 4) / 4`.
+
+Frame `i` of a stream covers samples `[hop*i - n_fft/2, hop*i + n_fft/2)`. transformers' centred
+STFT reflect-pads the start; since every Voxtral stream begins with a long run of zero samples
+(the left padding), that reflection is zeros too, so here the stream is simply zero-extended.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import AudioFrontendConfig
+
+logger = logging.getLogger(__name__)
+
+
+class AudioError(ValueError):
+    """Audio input that cannot be used: wrong shape, non-finite samples, unsupported file or rate."""
+
+
+# ---------------------------------------------------------------------------------------
+# Mel filters (Slaney scale, Slaney area normalisation), computed in float64.
+# ---------------------------------------------------------------------------------------
+_F_SP = 200.0 / 3.0  # Hz per mel in the linear part of the Slaney scale
+_MIN_LOG_HZ = 1000.0
+_MIN_LOG_MEL = _MIN_LOG_HZ / _F_SP
+_LOGSTEP = math.log(6.4) / 27.0
+
+
+def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
+    hz = np.asarray(hz, dtype=np.float64)
+    mel = hz / _F_SP
+    log_region = hz >= _MIN_LOG_HZ
+    mel[log_region] = _MIN_LOG_MEL + np.log(hz[log_region] / _MIN_LOG_HZ) / _LOGSTEP
+    return mel
+
+
+def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
+    mel = np.asarray(mel, dtype=np.float64)
+    hz = mel * _F_SP
+    log_region = mel >= _MIN_LOG_MEL
+    hz[log_region] = _MIN_LOG_HZ * np.exp(_LOGSTEP * (mel[log_region] - _MIN_LOG_MEL))
+    return hz
+
+
+def slaney_mel_filters(n_fft: int, n_mels: int, sampling_rate: int, fmax: float) -> np.ndarray:
+    """Triangular mel filters, shape (n_mels, n_fft // 2 + 1), float64."""
+    n_freqs = n_fft // 2 + 1
+    fft_hz = np.linspace(0.0, sampling_rate // 2, n_freqs)
+    edges_hz = _mel_to_hz(np.linspace(_hz_to_mel(np.array([0.0]))[0], _hz_to_mel(np.array([fmax]))[0], n_mels + 2))
+    widths = np.diff(edges_hz)
+    # Slopes of each triangle at every FFT bin: rising edge then falling edge, clipped at 0.
+    offsets = edges_hz[:, None] - fft_hz[None, :]
+    rising = -offsets[:-2] / widths[:-1, None]
+    falling = offsets[2:] / widths[1:, None]
+    filters = np.maximum(0.0, np.minimum(rising, falling))
+    filters *= (2.0 / (edges_hz[2:] - edges_hz[:-2]))[:, None]
+    return filters
+
+
+@dataclass
+class LogMel:
+    """Stateless log-mel of windowed frames; shared by the offline and incremental paths.
+
+    The arithmetic runs in float64 whatever the output dtype: quiet bins lose several digits to
+    cancellation in a float32 FFT, and the front-end costs nothing next to the network.
+    """
+
+    cfg: AudioFrontendConfig
+    dtype: torch.dtype = torch.float32
+    window: torch.Tensor = field(init=False)
+    filters: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.window = torch.hann_window(self.cfg.n_fft, dtype=torch.float64)
+        self.filters = torch.from_numpy(
+            slaney_mel_filters(self.cfg.n_fft, self.cfg.num_mel_bins, self.cfg.sampling_rate, self.cfg.mel_fmax)
+        )
+
+    def from_padded(self, padded: torch.Tensor, num_frames: int) -> torch.Tensor:
+        """Log-mel of frames starting every hop in `padded` (frame k starts at sample hop*k).
+
+        Returns (num_mel_bins, num_frames).
+        """
+        n_fft, hop = self.cfg.n_fft, self.cfg.hop_length
+        need = hop * (num_frames - 1) + n_fft
+        if padded.numel() < need:
+            raise AudioError(f"internal: {num_frames} frames need {need} samples, have {padded.numel()}")
+        frames = padded[:need].to(torch.float64).unfold(0, n_fft, hop)  # (num_frames, n_fft)
+        spec = torch.fft.rfft(frames * self.window, dim=-1)
+        power = spec.real.square() + spec.imag.square()
+        mel = self.filters @ power.T  # (n_mels, num_frames)
+        log_spec = torch.clamp(mel, min=1e-10).log10()
+        log_spec = torch.clamp(log_spec, min=self.cfg.global_log_mel_max - 8.0)
+        return ((log_spec + 4.0) / 4.0).to(self.dtype)
+
+
+def log_mel_spectrogram(audio: np.ndarray | torch.Tensor, cfg: AudioFrontendConfig,
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Offline log-mel of a whole (already padded) clip: frames `0 .. len//hop - 1`.
+
+    Equals transformers' `VoxtralRealtimeFeatureExtractor` on audio that starts and ends with at
+    least `n_fft/2` zero samples (every padded Voxtral input does).
+    """
+    x = torch.as_tensor(np.asarray(audio)).to(torch.float64).reshape(-1)
+    half = cfg.n_fft // 2
+    num_frames = x.numel() // cfg.hop_length  # centred STFT gives len//hop + 1 frames; the last is dropped
+    padded = torch.cat([torch.zeros(half, dtype=torch.float64), x, torch.zeros(half, dtype=torch.float64)])
+    return LogMel(cfg, dtype).from_padded(padded, num_frames)
+
+
+class IncrementalLogMel:
+    """Log-mel frames from audio arriving in arbitrary chunks.
+
+    Keeps only the samples that later frames still need. `available()` says how many new frames
+    can be computed; `compute(n)` returns exactly those frames, identical to the offline frames of
+    the same audio whatever the chunking was.
+    """
+
+    def __init__(self, cfg: AudioFrontendConfig, dtype: torch.dtype = torch.float32) -> None:
+        self.cfg = cfg
+        self._mel = LogMel(cfg, dtype)
+        self._dtype = dtype
+        # buffer[0] is stream sample `self._buffer_start`; the stream is zero-extended before 0.
+        half = cfg.n_fft // 2
+        self._buffer = torch.zeros(half, dtype=dtype)
+        self._buffer_start = -half
+        self._next_frame = 0
+        self.samples_received = 0
+
+    def push(self, samples: torch.Tensor) -> None:
+        s = samples.to(self._dtype).reshape(-1)
+        if s.numel():
+            self._buffer = torch.cat([self._buffer, s])
+            self.samples_received += s.numel()
+
+    def available(self) -> int:
+        """Frames whose whole window has arrived and that were not computed yet."""
+        half, hop = self.cfg.n_fft // 2, self.cfg.hop_length
+        # frame i is complete when hop*i + half <= samples_received
+        if self.samples_received < half:
+            return 0
+        last_complete = (self.samples_received - half) // hop
+        return max(0, last_complete + 1 - self._next_frame)
+
+    @property
+    def frames_done(self) -> int:
+        return self._next_frame
+
+    def compute(self, n: int) -> torch.Tensor:
+        if n <= 0:
+            return torch.zeros(self.cfg.num_mel_bins, 0, dtype=self._dtype)
+        if n > self.available():
+            raise AudioError(f"internal: asked for {n} mel frames, only {self.available()} available")
+        half, hop = self.cfg.n_fft // 2, self.cfg.hop_length
+        start = hop * self._next_frame - half - self._buffer_start
+        out = self._mel.from_padded(self._buffer[start:], n)
+        self._next_frame += n
+        # drop samples no later frame needs
+        keep_from = hop * self._next_frame - half - self._buffer_start
+        if keep_from > 0:
+            self._buffer = self._buffer[keep_from:].clone()
+            self._buffer_start += keep_from
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# Input validation
+# ---------------------------------------------------------------------------------------
+def as_mono_float32(samples: object, *, what: str = "audio") -> np.ndarray:
+    """Validate samples: a 1-D (or [1, N]) finite float array. Returns a float32 numpy array."""
+    if isinstance(samples, torch.Tensor):
+        arr = samples.detach().cpu().numpy()
+    elif isinstance(samples, (list, tuple)):
+        try:
+            arr = np.asarray(samples, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise AudioError(f"{what} must be a sequence of numbers: {exc}") from exc
+    elif isinstance(samples, np.ndarray):
+        arr = samples
+    else:
+        raise AudioError(f"{what} must be a numpy array, torch tensor or list of floats, got {type(samples).__name__}")
+    if arr.ndim == 2 and 1 in arr.shape:
+        arr = arr.reshape(-1)
+    if arr.ndim != 1:
+        raise AudioError(f"{what} must be mono 1-D samples, got an array of shape {tuple(arr.shape)}")
+    if arr.dtype.kind not in "fiu":
+        raise AudioError(f"{what} must hold numbers, got dtype {arr.dtype}")
+    if arr.dtype.kind in "iu":
+        raise AudioError(f"{what} must be float samples in [-1, 1], got integer dtype {arr.dtype}; convert PCM first")
+    arr = arr.astype(np.float32, copy=False)
+    if not np.isfinite(arr).all():
+        bad = int((~np.isfinite(arr)).sum())
+        raise AudioError(f"{what} contains {bad} NaN or infinite sample(s)")
+    return arr
+
+
+def pcm16_to_float(data: bytes) -> np.ndarray:
+    """Little-endian signed 16-bit PCM bytes -> float32 in [-1, 1)."""
+    if len(data) % 2:
+        raise AudioError(f"PCM16 audio must have an even number of bytes, got {len(data)}")
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+# ---------------------------------------------------------------------------------------
+# Streaming resampler (windowed-sinc polyphase FIR)
+# ---------------------------------------------------------------------------------------
+class StreamingResampler:
+    """Rational-ratio resampler that accepts chunks and returns the output ready so far.
+
+    Output sample n sits at input time n * in_rate / out_rate; it is computed once the filter's
+    right half has arrived, so any chunking gives the same samples as one call with everything
+    followed by `flush()`. Kaiser-windowed sinc, `zero_crossings` lobes each side.
+    """
+
+    def __init__(self, in_rate: int, out_rate: int, zero_crossings: int = 32, rolloff: float = 0.945,
+                 beta: float = 8.6) -> None:
+        if in_rate <= 0 or out_rate <= 0:
+            raise AudioError(f"sample rates must be positive, got {in_rate} -> {out_rate}")
+        ratio = Fraction(out_rate, in_rate)
+        self.up, self.down = ratio.numerator, ratio.denominator  # out = in * up / down
+        self.in_rate, self.out_rate = in_rate, out_rate
+        self.identity = self.up == self.down == 1
+        cutoff = min(1.0, self.up / self.down) * rolloff  # fraction of the input Nyquist
+        self.half_taps = int(math.ceil(zero_crossings / cutoff))
+        taps = 2 * self.half_taps
+        # table[phase, j] weights input sample base - half_taps + 1 + j for output phase `phase`
+        j = np.arange(taps) - self.half_taps + 1
+        phases = np.arange(self.up) / self.up  # fractional position of the output inside [base, base+1)
+        t = phases[:, None] - j[None, :]  # distance (in input samples) from output time to each tap
+        window = np.kaiser(2 * self.half_taps + 1, beta)
+        # evaluate the Kaiser window continuously by interpolation over its support [-half, half]
+        win = np.interp(t, np.linspace(-self.half_taps, self.half_taps, window.size), window, left=0.0, right=0.0)
+        self.table = (cutoff * np.sinc(cutoff * t) * win).astype(np.float64)
+        self._offsets = j
+        self._buf = np.zeros(self.half_taps, dtype=np.float64)  # history before sample 0 is silence
+        self._buf_start = -self.half_taps
+        self._n_in = 0
+        self._n_out = 0
+        self._flushed = False
+
+    def _emit(self, final: bool) -> np.ndarray:
+        if final:
+            n_total = (self._n_in * self.up + self.down - 1) // self.down  # ceil(n_in * out/in)
+        else:
+            # output n needs input up to base + half_taps where base = floor(n*down/up)
+            last_in = self._n_in - 1 - self.half_taps
+            n_total = 0 if last_in < 0 else ((last_in + 1) * self.up - 1) // self.down + 1
+        n_total = max(n_total, self._n_out)
+        if n_total == self._n_out:
+            return np.zeros(0, dtype=np.float32)
+        n = np.arange(self._n_out, n_total)
+        base = (n * self.down) // self.up
+        phase = (n * self.down) % self.up
+        idx = base[:, None] + self._offsets[None, :] - self._buf_start
+        buf = self._buf
+        if final:
+            pad = int(idx.max()) + 1 - buf.size
+            if pad > 0:
+                buf = np.concatenate([buf, np.zeros(pad)])
+        out = (buf[idx] * self.table[phase]).sum(axis=1)
+        self._n_out = n_total
+        # keep only what later outputs need
+        next_base = (self._n_out * self.down) // self.up
+        keep_from = next_base - self.half_taps + 1 - self._buf_start
+        if keep_from > 0:
+            self._buf = self._buf[keep_from:]
+            self._buf_start += keep_from
+        return out.astype(np.float32)
+
+    def push(self, samples: np.ndarray) -> np.ndarray:
+        if self._flushed:
+            raise AudioError("resampler already flushed")
+        if self.identity:
+            return samples.astype(np.float32, copy=False)
+        x = np.asarray(samples, dtype=np.float64).reshape(-1)
+        self._buf = np.concatenate([self._buf, x])
+        self._n_in += x.size
+        return self._emit(final=False)
+
+    def flush(self) -> np.ndarray:
+        if self._flushed:
+            return np.zeros(0, dtype=np.float32)
+        self._flushed = True
+        if self.identity:
+            return np.zeros(0, dtype=np.float32)
+        return self._emit(final=True)
+
+
+def resample(audio: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
+    r = StreamingResampler(in_rate, out_rate)
+    return np.concatenate([r.push(audio), r.flush()])
+
+
+# ---------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------
+SUPPORTED_FILE_FORMATS = ("WAV", "FLAC")
+
+
+def load_audio_file(path: str | Path, target_rate: int = 16000) -> np.ndarray:
+    """Read a WAV or FLAC file as mono float32 at `target_rate` (mixing channels, resampling)."""
+    import soundfile as sf
+
+    p = Path(path)
+    if not p.is_file():
+        raise AudioError(f"audio file {p} does not exist")
+    try:
+        info = sf.info(str(p))
+    except Exception as exc:  # soundfile raises its own error types, plus RuntimeError/TypeError
+        raise AudioError(
+            f"{p}: not a readable audio file (supported: {', '.join(SUPPORTED_FILE_FORMATS)}): {exc}"
+        ) from exc
+    if info.format not in SUPPORTED_FILE_FORMATS:
+        raise AudioError(f"{p}: format {info.format} is not supported (use {', '.join(SUPPORTED_FILE_FORMATS)})")
+    data, rate = sf.read(str(p), dtype="float32", always_2d=True)
+    if data.shape[0] == 0:
+        raise AudioError(f"{p}: the file holds no audio samples")
+    mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+    mono = as_mono_float32(mono, what=str(p))
+    if rate != target_rate:
+        mono = resample(mono, rate, target_rate)
+    return mono

@@ -1,0 +1,29 @@
+"""Where models live: the embedded default model shipped in the repository, or a folder on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .loader import load_model
+from .model import VoxtralRealtime
+from .tokenizer import TextTokenizer, load_tokenizer
+
+# The embedded default model (models/default in the repository).
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "default"
+DEFAULT_MODEL_NAME = "streamscribe-default"
+
+
+def resolve_model_dir(model: str | Path) -> Path:
+    if str(model) == "default":
+        return DEFAULT_MODEL_DIR
+    return Path(model)
+
+
+def load_model_and_tokenizer(model: str | Path, *, device: str | torch.device = "cpu",
+                             dtype: torch.dtype = torch.float32) -> tuple[VoxtralRealtime, TextTokenizer]:
+    d = resolve_model_dir(model)
+    net, _ = load_model(d, device=device, dtype=dtype)
+    tok = load_tokenizer(d, net.config.tokens.num_control_tokens)
+    return net, tok

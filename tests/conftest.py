@@ -1,0 +1,76 @@
+"""Shared fixtures: tiny checkpoints written once per test session, synthetic audio, the reference."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from realtime.testing.tiny_checkpoint import write_tiny_checkpoint
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped on CPU-only machines)")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def synthetic_audio(seconds: float, seed: int = 0, rate: int = 16000) -> np.ndarray:
+    """Speech-like test signal: voiced bursts (harmonics with a moving pitch) and noise, with pauses."""
+    rng = np.random.default_rng(seed)
+    n = int(round(seconds * rate))
+    t = np.arange(n) / rate
+    out = np.zeros(n, dtype=np.float64)
+    pos = 0
+    while pos < n:
+        dur = int(rng.uniform(0.08, 0.35) * rate)
+        seg = slice(pos, min(n, pos + dur))
+        kind = rng.integers(0, 3)
+        if kind == 0:
+            f0 = rng.uniform(90, 250) * (1 + 0.2 * np.sin(2 * np.pi * rng.uniform(1, 4) * t[seg]))
+            phase = 2 * np.pi * np.cumsum(f0) / rate
+            out[seg] = sum(np.sin(k * phase) / k for k in range(1, 6)) * rng.uniform(0.05, 0.4)
+        elif kind == 1:
+            out[seg] = rng.standard_normal(seg.stop - seg.start) * rng.uniform(0.01, 0.2)
+        pos += dur
+    return out.astype(np.float32)
+
+
+@pytest.fixture(scope="session")
+def ckpt_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ckpt")
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(ckpt_root: Path):
+    """Factory: tiny checkpoint folder for (seed, format, small_windows), written once."""
+    cache: dict[tuple, Path] = {}
+
+    def make(seed: int = 0, fmt: str = "hf", small_windows: bool = False, tokenizer_json: bool = False) -> Path:
+        key = (seed, fmt, small_windows, tokenizer_json)
+        if key not in cache:
+            out = ckpt_root / f"tiny-{fmt}-s{seed}-{'sw' if small_windows else 'lw'}{'-tj' if tokenizer_json else ''}"
+            cache[key] = write_tiny_checkpoint(out, fmt=fmt, seed=seed, small_windows=small_windows,
+                                               tokenizer_json=tokenizer_json)
+        return cache[key]
+
+    return make
+
+
+def padded_for_offline(audio: np.ndarray, delay_tokens: int, left_tokens: int = 32, spt: int = 1280) -> np.ndarray:
+    """The reference's offline padding: left pad, zeros to a whole token, then delay+11 tokens."""
+    right = (-len(audio)) % spt + (delay_tokens + 11) * spt
+    return np.concatenate([np.zeros(left_tokens * spt, np.float32), audio, np.zeros(right, np.float32)])

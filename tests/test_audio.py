@@ -1,0 +1,161 @@
+"""Audio front-end: log-mel vs transformers and float64, incremental == offline, resampling, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from conftest import padded_for_offline, synthetic_audio
+from realtime.audio import (
+    AudioError,
+    IncrementalLogMel,
+    StreamingResampler,
+    as_mono_float32,
+    load_audio_file,
+    log_mel_spectrogram,
+    pcm16_to_float,
+    resample,
+    slaney_mel_filters,
+)
+from realtime.config import AudioFrontendConfig
+
+CFG = AudioFrontendConfig()
+
+
+def test_log_mel_matches_transformers_feature_extractor():
+    transformers = pytest.importorskip("transformers")
+    fe = transformers.VoxtralRealtimeFeatureExtractor()
+    padded = padded_for_offline(synthetic_audio(2.3, seed=1), 6)
+    ref = fe(padded, sampling_rate=16000, return_tensors="pt").input_features[0]
+    ours = log_mel_spectrogram(padded, CFG)
+    assert ours.shape == ref.shape
+    assert (ours - ref).abs().max().item() <= 1e-2
+    # the filters are the same matrix
+    np.testing.assert_allclose(slaney_mel_filters(400, 128, 16000, 8000.0).T, fe.mel_filters, rtol=0, atol=1e-12)
+
+
+def _numpy_float64_log_mel(padded: np.ndarray) -> np.ndarray:
+    """Independent float64 implementation of DESIGN §1.1 (numpy only)."""
+    x = np.pad(padded.astype(np.float64), 200, mode="reflect")
+    n_frames = 1 + (x.size - 400) // 160
+    frames = np.lib.stride_tricks.sliding_window_view(x, 400)[::160][:n_frames]
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(400) / 400)  # periodic Hann
+    power = np.abs(np.fft.rfft(frames * window, axis=-1)) ** 2
+    power = power[:-1]  # the last STFT frame is dropped
+    mel = slaney_mel_filters(400, 128, 16000, 8000.0) @ power.T
+    log_spec = np.log10(np.maximum(mel, 1e-10))
+    log_spec = np.maximum(log_spec, 1.5 - 8.0)
+    return (log_spec + 4.0) / 4.0
+
+
+def test_log_mel_fp32_vs_float64():
+    padded = padded_for_offline(synthetic_audio(1.7, seed=2), 6)
+    ours = log_mel_spectrogram(padded, CFG)
+    assert ours.dtype == torch.float32
+    ref = _numpy_float64_log_mel(padded)
+    assert ours.shape == ref.shape
+    assert np.abs(ours.double().numpy() - ref).max() <= 1e-5
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_incremental_mel_equals_offline_for_any_chunking(seed):
+    rng = np.random.default_rng(seed)
+    audio = padded_for_offline(synthetic_audio(1.5, seed=seed), 3)
+    offline = log_mel_spectrogram(audio, CFG)
+    inc = IncrementalLogMel(CFG)
+    got = []
+    pos = 0
+    while pos < audio.size:
+        n = int(rng.choice([1, 7, 160, 399, 1280, 5000]))
+        inc.push(torch.from_numpy(audio[pos: pos + n]))
+        pos += n
+        k = inc.available()
+        if k and rng.random() < 0.7:
+            got.append(inc.compute(int(rng.integers(1, k + 1))))
+    got.append(inc.compute(inc.available()))
+    stream = torch.cat(got, dim=1)
+    # the stream lacks only the final frames whose window runs past the end (offline sees zeros there)
+    assert stream.shape[1] == offline.shape[1] - 1
+    assert torch.equal(stream, offline[:, : stream.shape[1]])
+
+
+def test_incremental_mel_keeps_memory_bounded():
+    inc = IncrementalLogMel(CFG)
+    for _ in range(200):
+        inc.push(torch.zeros(1600))
+        inc.compute(inc.available())
+    assert inc._buffer.numel() < 1000
+
+
+@pytest.mark.parametrize("rate", [8000, 24000, 44100, 48000])
+def test_resampler_accuracy_and_streaming(rate):
+    seconds = 1.0
+    t = np.arange(int(rate * seconds)) / rate
+    x = (0.5 * np.sin(2 * np.pi * 440 * t) + 0.25 * np.sin(2 * np.pi * 1500 * t)).astype(np.float32)
+    whole = resample(x, rate, 16000)
+    assert abs(whole.size - 16000 * seconds) <= 1
+    ts = np.arange(whole.size) / 16000
+    ideal = 0.5 * np.sin(2 * np.pi * 440 * ts) + 0.25 * np.sin(2 * np.pi * 1500 * ts)
+    mid = slice(800, whole.size - 800)  # away from the edges, where the signal starts/stops abruptly
+    assert np.abs(whole[mid] - ideal[mid]).max() < 1e-3
+    # chunked == whole, for awkward chunk sizes
+    r = StreamingResampler(rate, 16000)
+    rng = np.random.default_rng(rate)
+    parts, pos = [], 0
+    while pos < x.size:
+        n = int(rng.integers(1, 3000))
+        parts.append(r.push(x[pos: pos + n]))
+        pos += n
+    parts.append(r.flush())
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
+def test_resampler_removes_content_above_new_nyquist():
+    rate = 48000
+    t = np.arange(rate) / rate
+    x = np.sin(2 * np.pi * 12000 * t).astype(np.float32)  # above 8 kHz: must not alias into the output
+    y = resample(x, rate, 16000)
+    assert np.abs(y[1000:-1000]).max() < 1e-2
+
+
+def test_input_validation_errors():
+    with pytest.raises(AudioError, match="NaN"):
+        as_mono_float32(np.array([0.0, np.nan], np.float32))
+    with pytest.raises(AudioError, match="infinite"):
+        as_mono_float32(np.array([0.0, np.inf], np.float32))
+    with pytest.raises(AudioError, match="shape"):
+        as_mono_float32(np.zeros((2, 100), np.float32))
+    with pytest.raises(AudioError, match="shape"):
+        as_mono_float32(np.zeros((1, 2, 3), np.float32))
+    with pytest.raises(AudioError, match="integer"):
+        as_mono_float32(np.zeros(10, np.int16))
+    with pytest.raises(AudioError, match="numpy array"):
+        as_mono_float32("not audio")
+    with pytest.raises(AudioError, match="even number"):
+        pcm16_to_float(b"\x00\x01\x02")
+    assert as_mono_float32(np.zeros((1, 5))).shape == (5,)
+    np.testing.assert_allclose(pcm16_to_float(np.array([-32768, 0, 16384], "<i2").tobytes()), [-1.0, 0.0, 0.5])
+
+
+def test_load_audio_file_formats(tmp_path):
+    x = synthetic_audio(0.5, seed=3)
+    stereo = np.stack([x, x * 0.5], axis=1)
+    sf.write(tmp_path / "a.wav", stereo, 48000)
+    sf.write(tmp_path / "b.flac", x, 16000)
+    a = load_audio_file(tmp_path / "a.wav")
+    assert abs(a.size - int(0.5 * 16000 * 16000 / 48000)) <= 1
+    b = load_audio_file(tmp_path / "b.flac")
+    assert b.size == x.size and np.abs(b - x).max() < 1e-4  # FLAC is 16-bit here
+    (tmp_path / "c.mp3").write_bytes(b"ID3\x03\x00not really an mp3")
+    with pytest.raises(AudioError, match="not a readable audio file"):
+        load_audio_file(tmp_path / "c.mp3")
+    sf.write(tmp_path / "d.ogg", x, 16000)
+    with pytest.raises(AudioError, match="not supported"):
+        load_audio_file(tmp_path / "d.ogg")
+    with pytest.raises(AudioError, match="does not exist"):
+        load_audio_file(tmp_path / "missing.wav")
+    sf.write(tmp_path / "e.wav", np.zeros(0, np.float32), 16000)
+    with pytest.raises(AudioError, match="no audio"):
+        load_audio_file(tmp_path / "e.wav")
