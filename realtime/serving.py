@@ -1,0 +1,96 @@
+"""The one narrow interface between the websocket service and an engine.
+
+`stream_server` sees only what is in this file: `TranscriptionEngine` (open / push / finish /
+close streams, thread-safe and non-blocking), the events an engine emits, and its errors. Engines
+run their own thread; `on_event` callbacks are invoked from that thread, in order per stream, and
+must not block (the server hands them to its event loop).
+
+Lifecycle of a stream: `open_stream` -> any number of `push_audio` -> `finish_stream` -> token
+events -> exactly one `StreamDone` (or one `StreamFailed`). `close_stream` at any time aborts it and
+frees everything; no event follows a close.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Union
+
+import numpy as np
+
+from .config import ModelConfig
+
+
+class AdmissionError(RuntimeError):
+    """The engine cannot take another stream now (capacity); `reason` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class StreamError(ValueError):
+    """A request about a stream that is invalid (unknown id, audio after finish, bad samples...)."""
+
+
+@dataclass(frozen=True)
+class StreamToken:
+    stream_id: int
+    token_id: int
+    text: str  # text delta ("" for control tokens and for bytes of an unfinished character)
+    position: int  # LM position of the token
+    audio_end_ms: int  # stream audio (ms from its first sample) the model had seen when it decided
+
+
+@dataclass(frozen=True)
+class StreamDone:
+    stream_id: int
+    text: str  # the whole transcript (== concatenation of the token texts)
+    prompt_tokens: int
+    completion_tokens: int
+    ended_by_eos: bool
+
+
+@dataclass(frozen=True)
+class StreamFailed:
+    stream_id: int
+    message: str
+
+
+StreamEvent = Union[StreamToken, StreamDone, StreamFailed]
+EventCallback = Callable[[StreamEvent], None]
+
+
+@dataclass
+class EngineStats:
+    active_streams: int = 0
+    max_streams: int = 0
+    steps: int = 0
+    step_seconds: list[float] = field(default_factory=list)  # recent step durations (for histograms)
+    tokens_emitted: int = 0
+
+
+class TranscriptionEngine(Protocol):
+    config: ModelConfig
+    model_name: str
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def open_stream(self, on_event: EventCallback, *, delay_ms: int | None = None) -> int:
+        """A new stream id; raises AdmissionError when full, ConfigError for a bad delay."""
+        ...
+
+    def push_audio(self, stream_id: int, samples: np.ndarray) -> None:
+        """Queue 16 kHz mono float32 samples (validated: StreamError / AudioError)."""
+        ...
+
+    def finish_stream(self, stream_id: int) -> None: ...
+
+    def close_stream(self, stream_id: int) -> None: ...
+
+    def pending_audio_seconds(self, stream_id: int) -> float:
+        """Audio queued for the stream that the engine has not decoded yet (for backpressure)."""
+        ...
+
+    def stats(self) -> EngineStats: ...
