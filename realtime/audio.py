@@ -88,19 +88,22 @@ class LogMel:
             slaney_mel_filters(self.cfg.n_fft, self.cfg.num_mel_bins, self.cfg.sampling_rate, self.cfg.mel_fmax)
         )
 
-    def from_padded(self, padded: torch.Tensor, num_frames: int) -> torch.Tensor:
-        """Log-mel of frames starting every hop in `padded` (frame k starts at sample hop*k).
+    def samples_needed(self, num_frames: int) -> int:
+        return self.cfg.hop_length * (num_frames - 1) + self.cfg.n_fft
 
-        Returns (num_mel_bins, num_frames).
+    def from_padded(self, padded: torch.Tensor, num_frames: int) -> torch.Tensor:
+        """Log-mel of frames starting every hop in `padded` [..., N] (frame k starts at sample hop*k).
+
+        Returns [..., num_mel_bins, num_frames]; leading dims are a batch of independent windows.
         """
         n_fft, hop = self.cfg.n_fft, self.cfg.hop_length
-        need = hop * (num_frames - 1) + n_fft
-        if padded.numel() < need:
-            raise AudioError(f"internal: {num_frames} frames need {need} samples, have {padded.numel()}")
-        frames = padded[:need].to(torch.float64).unfold(0, n_fft, hop)  # (num_frames, n_fft)
+        need = self.samples_needed(num_frames)
+        if padded.shape[-1] < need:
+            raise AudioError(f"internal: {num_frames} frames need {need} samples, have {padded.shape[-1]}")
+        frames = padded[..., :need].to(torch.float64).unfold(-1, n_fft, hop)  # [..., num_frames, n_fft]
         spec = torch.fft.rfft(frames * self.window, dim=-1)
         power = spec.real.square() + spec.imag.square()
-        mel = self.filters @ power.T  # (n_mels, num_frames)
+        mel = self.filters @ power.transpose(-1, -2)  # [..., n_mels, num_frames]
         log_spec = torch.clamp(mel, min=1e-10).log10()
         log_spec = torch.clamp(log_spec, min=self.cfg.global_log_mel_max - 8.0)
         return ((log_spec + 4.0) / 4.0).to(self.dtype)
@@ -125,25 +128,36 @@ class IncrementalLogMel:
 
     Keeps only the samples that later frames still need. `available()` says how many new frames
     can be computed; `compute(n)` returns exactly those frames, identical to the offline frames of
-    the same audio whatever the chunking was.
+    the same audio whatever the chunking was. Appending and consuming are amortised O(1) per
+    sample, so a long recording pushed at once costs no more than the same audio in small chunks.
     """
 
     def __init__(self, cfg: AudioFrontendConfig, dtype: torch.dtype = torch.float32) -> None:
         self.cfg = cfg
         self._mel = LogMel(cfg, dtype)
         self._dtype = dtype
-        # buffer[0] is stream sample `self._buffer_start`; the stream is zero-extended before 0.
         half = cfg.n_fft // 2
-        self._buffer = torch.zeros(half, dtype=dtype)
-        self._buffer_start = -half
+        # _buf[_lo:_hi] holds stream samples from `_first` on; the stream is zero-extended before 0
+        self._buf = torch.zeros(max(4 * cfg.n_fft, 4096), dtype=torch.float32)
+        self._lo, self._hi = 0, half
+        self._first = -half
         self._next_frame = 0
         self.samples_received = 0
 
     def push(self, samples: torch.Tensor) -> None:
-        s = samples.to(self._dtype).reshape(-1)
-        if s.numel():
-            self._buffer = torch.cat([self._buffer, s])
-            self.samples_received += s.numel()
+        s = samples.to(torch.float32).reshape(-1)
+        n = s.numel()
+        if not n:
+            return
+        if self._hi + n > self._buf.numel():
+            live = self._hi - self._lo
+            cap = max(self._buf.numel(), 2 * (live + n))
+            new = torch.empty(cap, dtype=torch.float32)
+            new[:live] = self._buf[self._lo: self._hi]
+            self._buf, self._lo, self._hi = new, 0, live
+        self._buf[self._hi: self._hi + n] = s
+        self._hi += n
+        self.samples_received += n
 
     def available(self) -> int:
         """Frames whose whole window has arrived and that were not computed yet."""
@@ -158,21 +172,32 @@ class IncrementalLogMel:
     def frames_done(self) -> int:
         return self._next_frame
 
+    def window(self, n: int) -> torch.Tensor:
+        """The samples the next `n` frames read (for batched computation by an engine)."""
+        if n > self.available():
+            raise AudioError(f"internal: asked for {n} mel frames, only {self.available()} available")
+        start = self._lo + self.cfg.hop_length * self._next_frame - self.cfg.n_fft // 2 - self._first
+        return self._buf[start: start + self._mel.samples_needed(n)]
+
     def compute(self, n: int) -> torch.Tensor:
         if n <= 0:
             return torch.zeros(self.cfg.num_mel_bins, 0, dtype=self._dtype)
-        if n > self.available():
-            raise AudioError(f"internal: asked for {n} mel frames, only {self.available()} available")
-        half, hop = self.cfg.n_fft // 2, self.cfg.hop_length
-        start = hop * self._next_frame - half - self._buffer_start
-        out = self._mel.from_padded(self._buffer[start:], n)
-        self._next_frame += n
-        # drop samples no later frame needs
-        keep_from = hop * self._next_frame - half - self._buffer_start
-        if keep_from > 0:
-            self._buffer = self._buffer[keep_from:].clone()
-            self._buffer_start += keep_from
+        out = self._mel.from_padded(self.window(n), n)
+        self.advance(n)
         return out
+
+    def advance(self, n: int) -> None:
+        """Mark `n` frames as computed and forget samples no later frame needs."""
+        self._next_frame += n
+        keep_from = self.cfg.hop_length * self._next_frame - self.cfg.n_fft // 2  # stream index
+        drop = keep_from - self._first
+        if drop > 0:
+            self._lo += drop
+            self._first = keep_from
+
+    @property
+    def buffered_samples(self) -> int:
+        return self._hi - self._lo
 
 
 # ---------------------------------------------------------------------------------------

@@ -43,10 +43,32 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+class FrequencyTable:
+    """Inverse frequencies of a sinusoidal table, built once per device.
+
+    Kept out of the module's buffers on purpose: models are built on the meta device and then
+    materialised with `to_empty`, which would leave buffers uninitialised; and a step replayed
+    from a CUDA graph must not copy anything from the host.
+    """
+
+    def __init__(self, make: "callable[[], torch.Tensor]") -> None:
+        self._make = make
+        self._per_device: dict[torch.device, torch.Tensor] = {}
+
+    def on(self, device: torch.device) -> torch.Tensor:
+        t = self._per_device.get(device)
+        if t is None:
+            t = self._per_device[device] = self._make().to(device)
+        return t
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> FrequencyTable:
+    return FrequencyTable(lambda: 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)))
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: FrequencyTable, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables for integer `positions` (any shape) -> [..., head_dim] in `dtype`."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    freqs = positions.float()[..., None] * inv_freq.to(positions.device)
+    freqs = positions.float()[..., None] * inv_freq.on(positions.device)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -146,10 +168,11 @@ class AudioEncoder(nn.Module):
         self.embedder = ConvStem(n_mels, c.hidden_size)
         self.layers = nn.ModuleList([EncoderLayer(c) for _ in range(c.num_layers)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta)
 
     def forward(self, frames: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         """frames: [B, T, hidden] conv-stem output; positions: [B, T] encoder frame indices."""
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, frames.dtype)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, frames.dtype)
         x = frames
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, backend, i)
@@ -175,14 +198,17 @@ class AudioAdapter(nn.Module):
 # ---------------------------------------------------------------------------------------
 # Language model
 # ---------------------------------------------------------------------------------------
-def delay_embedding(delay_tokens: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+def delay_inv_freq(dim: int) -> FrequencyTable:
+    half = dim // 2
+    return FrequencyTable(lambda: torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half))
+
+
+def delay_embedding(delay_tokens: torch.Tensor, inv_freq: FrequencyTable, dtype: torch.dtype) -> torch.Tensor:
     """Sinusoidal embedding of the number of delay tokens: [..] -> [.., dim].
 
     Computed in `dtype` like the reference (which uses the embedding dtype).
     """
-    half = dim // 2
-    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
-    t = delay_tokens.to(dtype)[..., None] * inv_freq.to(device=delay_tokens.device, dtype=dtype)
+    t = delay_tokens.to(dtype)[..., None] * inv_freq.on(delay_tokens.device).to(dtype)
     return torch.cat([t.cos(), t.sin()], dim=-1)
 
 
@@ -222,11 +248,12 @@ class LanguageModel(nn.Module):
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(c) for _ in range(c.num_layers)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta)
 
     def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, t_cond: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
         """inputs_embeds: [B, T, H]; positions: [B, T]; t_cond: [B, T, H] or broadcastable."""
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, inputs_embeds.dtype)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, inputs_embeds.dtype)
         x = inputs_embeds
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, t_cond, backend, i)
@@ -245,6 +272,7 @@ class VoxtralRealtime(nn.Module):
         self.language_model = LanguageModel(config.decoder)
         if not config.decoder.tie_word_embeddings:
             self.lm_head = nn.Linear(config.decoder.hidden_size, config.decoder.vocab_size, bias=False)
+        self.delay_inv_freq = delay_inv_freq(config.decoder.hidden_size)
 
     @property
     def device(self) -> torch.device:
@@ -271,7 +299,7 @@ class VoxtralRealtime(nn.Module):
         return self.language_model.embed_tokens(ids)
 
     def t_cond(self, delay_tokens: torch.Tensor) -> torch.Tensor:
-        return delay_embedding(delay_tokens, self.config.decoder.hidden_size, self.dtype)
+        return delay_embedding(delay_tokens, self.delay_inv_freq, self.dtype)
 
     def decode(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, t_cond: torch.Tensor,
                backend: AttentionBackend) -> torch.Tensor:

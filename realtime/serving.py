@@ -48,6 +48,7 @@ class StreamDone:
     prompt_tokens: int
     completion_tokens: int
     ended_by_eos: bool
+    truncated: bool = False  # ended because the stream reached the engine's maximum session length
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,209 @@
+"""Short-query attention over sliding-window paged key/value caches.
+
+Cache layout (per layer): `k_cache`, `v_cache` [num_blocks, block_size, Hkv, D]. Each sequence owns
+a ring of `table_width` physical blocks, `block_tables` [S, table_width] (int32): logical block
+`b = position // block_size` of sequence s lives in physical block `block_tables[s, b % table_width]`
+at offset `position % block_size`. Slots are `physical_block * block_size + offset`.
+
+A query at position p attends to the keys at positions k with `max(0, p - window + 1) <= k <= p`
+(`window` None or 0: all `0 <= k <= p`). Keys of the current step are written first
+(`write_kv`), so a query sees its own key. GQA: q head h reads kv head `h // (Hq // Hkv)`.
+Rows with `q_pos < 0` are padding and produce 0. Positions outside a query's window are never
+read, so the engine may recycle their blocks: see `ring_table_width` for how wide a ring must be.
+
+The torch references define the semantics and are the CPU implementation; the Triton kernels
+(`_paged_attention_triton.py`) are the CUDA one and are CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._dispatch import FLOAT_DTYPES, check_index_tensor, use_triton
+
+
+def ring_table_width(window: int, block_size: int, max_q_len: int) -> int:
+    """Smallest ring (blocks per sequence) that never overwrites a position a query can still read.
+
+    One step writes up to `max_q_len` positions ending at p and its oldest query reads back to
+    `p - max_q_len + 1 - window + 1`: a span of `window + max_q_len - 1` positions, which touches at
+    most `ceil((window + max_q_len - 1) / block_size) + 1` blocks when it does not start on a block
+    boundary. Without a window the table must simply cover every position (no ring).
+    """
+    if not window or window < 1:
+        raise ValueError("a ring needs a sliding window >= 1; without one the table must cover all positions")
+    if block_size < 1 or max_q_len < 1:
+        raise ValueError(f"block_size and max_q_len must be >= 1, got {block_size}, {max_q_len}")
+    return math.ceil((window + max_q_len - 1) / block_size) + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# write_kv
+# ---------------------------------------------------------------------------------------------
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache/v_cache must both be [num_blocks, block_size, Hkv, D], got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if k_cache.dtype != v_cache.dtype or k_cache.device != v_cache.device:
+        raise TypeError("k_cache and v_cache must share dtype and device")
+
+
+def _check_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    _check_cache(k_cache, v_cache)
+    if k.dim() != 3 or k.shape != v.shape or k.shape[1:] != k_cache.shape[2:]:
+        raise ValueError(f"k/v must be [T, Hkv, D] matching the cache, got {tuple(k.shape)}, {tuple(v.shape)} "
+                         f"for cache {tuple(k_cache.shape)}")
+    if k.device != k_cache.device or v.device != k_cache.device:
+        raise ValueError("k/v must be on the cache's device")
+    check_index_tensor("slot_mapping", slot_mapping, k.shape[0], k_cache.device)
+
+
+def write_kv_reference(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       slot_mapping: torch.Tensor) -> None:
+    """Store k/v [T, Hkv, D] at `slot_mapping` [T] (slot < 0: skipped). Slots must be distinct.
+
+    Boolean indexing syncs the host, so this is the CPU path, not a graph-capturable one.
+    """
+    _check_write(k_cache, v_cache, k, v, slot_mapping)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    block_size = k_cache.shape[1]
+    blocks, offsets = slots // block_size, slots % block_size
+    k_cache[blocks, offsets] = k[keep].to(k_cache.dtype)
+    v_cache[blocks, offsets] = v[keep].to(v_cache.dtype)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor, *, backend: str = "auto") -> None:
+    """Store the step's keys/values in the paged cache (in place).
+
+    k, v: [T, Hkv, D]; slot_mapping: [T] int64 `physical_block * block_size + offset`, negative for
+    padding rows (skipped). Distinct slots only. The Triton path (CUDA) is graph capturable.
+    """
+    _check_write(k_cache, v_cache, k, v, slot_mapping)
+    if not use_triton(backend, k_cache.device):
+        write_kv_reference(k_cache, v_cache, k, v, slot_mapping)
+        return
+    from ._paged_attention_triton import launch_write_kv
+
+    launch_write_kv(k_cache, v_cache, k, v, slot_mapping)
+
+
+# ---------------------------------------------------------------------------------------------
+# paged_attention
+# ---------------------------------------------------------------------------------------------
+def _check_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                     seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None,
+                     out: torch.Tensor | None) -> None:
+    _check_cache(k_cache, v_cache)
+    if q.dim() != 3:
+        raise ValueError(f"q must be [T, Hq, D], got {tuple(q.shape)}")
+    t, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    if k_cache.shape[3] != d:
+        raise ValueError(f"head_dim differs: q {d}, cache {k_cache.shape[3]}")
+    if hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
+    if q.dtype != k_cache.dtype or q.dtype not in FLOAT_DTYPES + (torch.float64,):
+        raise TypeError(f"q and the cache must share a float dtype, got {q.dtype} and {k_cache.dtype}")
+    if q.device != k_cache.device:
+        raise ValueError(f"q is on {q.device}, the cache on {k_cache.device}")
+    if block_tables.dim() != 2 or block_tables.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"block_tables must be a 2-D int32/int64 tensor, got {block_tables.dtype} "
+                        f"{tuple(block_tables.shape)}")
+    if block_tables.device != q.device:
+        raise ValueError("block_tables must be on q's device")
+    check_index_tensor("seq_ids", seq_ids, t, q.device)
+    check_index_tensor("q_pos", q_pos, t, q.device)
+    if window is not None and window < 0:
+        raise ValueError(f"window must be None or >= 0, got {window}")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
+        raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+
+
+# Gathered keys are [chunk, L, Hkv, D]; bound a chunk to about this many elements.
+_REFERENCE_CHUNK_ELEMS = 1 << 25
+
+
+def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor,
+                              window: int | None, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Definition of `paged_attention` in plain torch (also the CPU implementation).
+
+    For each query token it gathers the keys at positions p, p-1, ..., p-L+1 through the ring
+    table (L = min(window, max position + 1)), masks positions < 0, and takes a softmax in fp32
+    (fp64 for fp64 inputs). Vectorised over tokens, in chunks bounding the gathered memory. Syncs
+    the host (it reads max(q_pos)), so it is not for CUDA-graph capture.
+    """
+    _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
+    t, hq, d = q.shape
+    _, block_size, hkv, _ = k_cache.shape
+    group = hq // hkv
+    compute = torch.promote_types(q.dtype, torch.float32)
+    result = torch.zeros(t, hq, d, dtype=q.dtype, device=q.device) if out is None else out
+    max_pos = int(q_pos.max()) if t else -1
+    if max_pos < 0:
+        result.zero_()
+        return result
+    span = max_pos + 1 if not window else min(window, max_pos + 1)
+    width = block_tables.shape[1]
+    offsets = torch.arange(span, device=q.device)
+    chunk = max(1, _REFERENCE_CHUNK_ELEMS // max(1, span * hkv * d))
+    for start in range(0, t, chunk):
+        sl = slice(start, min(t, start + chunk))
+        pos = q_pos[sl].long()
+        is_query = pos >= 0
+        key_pos = pos[:, None] - offsets[None, :]  # [n, L]; p, p-1, ... (window already applied by L)
+        valid = (key_pos >= 0) & is_query[:, None]
+        key_pos = key_pos.clamp(min=0)
+        seq = torch.where(is_query, seq_ids[sl].long(), 0)
+        phys = block_tables[seq[:, None], (key_pos // block_size) % width].long()
+        off = key_pos % block_size
+        mask4 = valid[:, :, None, None]
+        # where(), not a product: never-read slots may hold NaN/inf and must not leak in.
+        keys = torch.where(mask4, k_cache[phys, off].to(compute), 0.0)  # [n, L, Hkv, D]
+        vals = torch.where(mask4, v_cache[phys, off].to(compute), 0.0)
+        qc = q[sl].to(compute).view(-1, hkv, group, d)
+        scores = torch.einsum("nhgd,nlhd->nhgl", qc, keys) * scale
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        o = torch.einsum("nhgl,nlhd->nhgd", probs, vals).reshape(-1, hq, d)
+        o = torch.where(is_query[:, None, None], o, 0.0)  # padding rows: 0 (their softmax is NaN)
+        result[sl] = o.to(q.dtype)
+    return result
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None, scale: float,
+                    out: torch.Tensor | None = None, *, tokens_per_run: int = 1, num_splits: int | None = None,
+                    backend: str = "auto") -> torch.Tensor:
+    """Attention of T query tokens (several sequences, flattened) over their paged caches.
+
+    q: [T, Hq, D] (RoPE applied); seq_ids: [T] row of `block_tables` per token; q_pos: [T] absolute
+    position per token (< 0: padding, output 0). `window`/`scale` are fixed per call site. Returns
+    [T, Hq, D] in q's dtype (written into `out` when given).
+
+    tokens_per_run (Triton performance hint, ignored by the reference): the tokens form consecutive
+    runs of this many rows (the last run may be shorter) and the non-padding rows of a run belong
+    to one sequence, so one program loads each key block once for all of them (encoder: 4,
+    speculative verify: k+1). 1 is always valid. A non-padding row whose sequence differs from
+    the rest of its run breaks the contract and is written as NaN, never silently wrong.
+
+    num_splits: key-range splits per (run, kv head) for the Triton path (None: chosen from the
+    GPU's SM count so that small batches still fill the GPU). Must stay fixed for a captured graph.
+    """
+    _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
+    if tokens_per_run < 1:
+        raise ValueError(f"tokens_per_run must be >= 1, got {tokens_per_run}")
+    if not use_triton(backend, q.device):
+        return paged_attention_reference(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, scale, out)
+    from ._paged_attention_triton import launch_paged_attention
+
+    if out is None:
+        out = torch.empty_like(q)
+    launch_paged_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, scale, out,
+                           tokens_per_run=tokens_per_run, num_splits=num_splits)
+    return out

@@ -1,0 +1,12 @@
+"""The batched realtime engine: many streams per step, paged sliding-window KV, CUDA graphs.
+
+Files: `kv_cache` (paged caches, ring block tables, admission arithmetic), `stream` (per-stream
+state), `scheduler` (who runs this step), `attention` (paged / prefill attention backends),
+`model_runner` (buffers and the network steps), `cuda_graph` (decode-step graphs), `engine`
+(thread, client interface, the step loop).
+"""
+
+from .engine import BatchedEngine
+from .model_runner import RunnerOptions
+
+__all__ = ["BatchedEngine", "RunnerOptions"]

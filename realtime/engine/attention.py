@@ -1,0 +1,48 @@
+"""Attention backends of the batched engine (the model calls `backend.attend(layer, q, k, v)`).
+
+- `PagedAttention`: a batch of short queries (LM decode: 1 per stream; encoder step: 4 per stream)
+  whose keys/values are written into the paged cache and then read back through the ring tables.
+- `PrefillAttention`: one new stream's first chunk: dense masked attention over the chunk itself
+  (the stream has no history yet), and the chunk's keys/values are written to the pages.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.paged_attention import paged_attention, write_kv
+
+from ..attention import masked_attention, window_mask
+from .kv_cache import PagedKVCache
+
+
+class PagedAttention:
+    def __init__(self, cache: PagedKVCache, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                 seq_ids: torch.Tensor, q_pos: torch.Tensor) -> None:
+        self.cache = cache
+        self.slot_mapping, self.block_tables, self.seq_ids, self.q_pos = slot_mapping, block_tables, seq_ids, q_pos
+        self.window = cache.spec.window
+        self.scale = cache.spec.head_dim ** -0.5
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # [1, T, H, D]: the batch is flattened into one row of tokens
+        write_kv(self.cache.k[layer], self.cache.v[layer], k[0], v[0], self.slot_mapping)
+        out = paged_attention(q[0], self.cache.k[layer], self.cache.v[layer], self.block_tables, self.seq_ids,
+                              self.q_pos, self.window, self.scale)
+        return out[None]
+
+
+class PrefillAttention:
+    def __init__(self, cache: PagedKVCache, stream_slot: int, positions: torch.Tensor) -> None:
+        """positions: [T] of the new stream, starting at 0."""
+        self.cache = cache
+        self.mask = window_mask(positions[None], positions[None], cache.spec.window)
+        # Only the newest positions that fit the ring are written: in a chunk longer than the ring,
+        # older positions would share ring slots with newer ones (and are outside every window).
+        keep = positions > positions[-1] - (cache.width - 1) * cache.spec.block_size
+        slots = cache.slot_mapping(torch.full_like(positions, stream_slot), positions)
+        self.slot_mapping = torch.where(keep, slots, torch.full_like(slots, -1))
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        write_kv(self.cache.k[layer], self.cache.v[layer], k[0], v[0], self.slot_mapping)
+        return masked_attention(q, k, v, self.mask)

@@ -1,0 +1,59 @@
+"""CUDA graphs for the LM decode step, one per batch-size bucket.
+
+Capture runs the step on whatever the persistent buffers hold (dummy values: padding rows that
+neither write KV nor read it); the encoder never runs during capture. At run time the engine
+fills the buffers (the gather-add kernel writes `inputs_embeds`), pads the batch to its bucket
+and replays.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    sizes = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 1024]
+    out = [s for s in sizes if s < max_batch]
+    return out + [max_batch]
+
+
+class DecodeGraphRunner:
+    def __init__(self, forward: Callable[[int], None], max_batch: int, device: torch.device) -> None:
+        self.forward = forward
+        self.buckets = batch_buckets(max_batch)
+        self.device = device
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+
+    def bucket(self, b: int) -> int:
+        for size in self.buckets:
+            if size >= b:
+                return size
+        raise ValueError(f"batch {b} exceeds the largest graph bucket {self.buckets[-1]}")
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for b in self.buckets:  # warm-up: lazy init, Triton compilation, allocator
+                self.forward(b)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        # largest first so smaller graphs reuse the memory pool
+        for b in reversed(self.buckets):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                self.forward(b)
+            if self.pool is None:
+                self.pool = g.pool()
+            self.graphs[b] = g
+        torch.cuda.synchronize(self.device)
+        logger.info("captured %d decode graphs (batch buckets %s)", len(self.graphs), self.buckets)
+
+    def replay(self, b: int) -> None:
+        self.graphs[b].replay()

@@ -1,0 +1,271 @@
+"""BatchedEngine: many live streams decoded together, one step per tick, on its own thread.
+
+Implements `realtime.serving.TranscriptionEngine`. Client threads only touch small host-side
+state under a lock (a stream's inbox of audio, its flags); the engine thread owns the model, the
+device buffers and the streams' decoding state, and invokes event callbacks. Streams join
+(prefill) and leave between steps.
+
+    engine = BatchedEngine(model, tokenizer, opts=RunnerOptions(max_streams=64, max_batch=64))
+    engine.start()
+    sid = engine.open_stream(on_event, delay_ms=480)
+    engine.push_audio(sid, samples_16k_float32); ...; engine.finish_stream(sid)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..audio import IncrementalLogMel, as_mono_float32
+from ..model import VoxtralRealtime
+from ..serving import (
+    AdmissionError,
+    EngineStats,
+    EventCallback,
+    StreamDone,
+    StreamError,
+    StreamFailed,
+    StreamToken,
+)
+from ..tokenizer import IncrementalDetokenizer, TextTokenizer
+from .model_runner import ModelRunner, RunnerOptions, kv_bytes_per_stream
+from .scheduler import Scheduler
+from .stream import EngineStream
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Control:
+    """Client-side view of a stream (guarded by the engine lock)."""
+
+    stream: EngineStream
+    joined: bool = False
+    closed: bool = False
+
+
+class BatchedEngine:
+    def __init__(self, model: VoxtralRealtime, tokenizer: TextTokenizer, *, opts: RunnerOptions | None = None,
+                 model_name: str = "default", max_prefills_per_step: int = 4) -> None:
+        self.model, self.tokenizer, self.config = model, tokenizer, model.config
+        self.model_name = model_name
+        self.opts = opts or RunnerOptions()
+        self.runner = ModelRunner(model, self.opts)
+        self.scheduler = Scheduler(self.opts.max_batch, max_prefills_per_step,
+                                   self.config.streaming.mel_frames_per_token)
+        enc_b, lm_b = kv_bytes_per_stream(model, self.opts)
+        self.kv_bytes_per_stream = enc_b + lm_b
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._controls: dict[int, _Control] = {}
+        self._free_slots = list(range(self.opts.max_streams - 1, -1, -1))
+        self._next_id = 1
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._stats = EngineStats(max_streams=self.opts.max_streams)
+        self._step = 0
+
+    # -- interface (any thread) ------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop = False
+            self._thread = threading.Thread(target=self._loop, name="batched-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def open_stream(self, on_event: EventCallback, *, delay_ms: int | None = None) -> int:
+        c = self.config
+        delay_tokens = c.delay_tokens(delay_ms)  # raises ConfigError for a bad delay
+        with self._lock:
+            if not self._free_slots:
+                raise AdmissionError(
+                    f"engine is full: {self.opts.max_streams} streams admitted, each reserving "
+                    f"{self.kv_bytes_per_stream / 2**20:.1f} MiB of KV cache (its worst case)")
+            slot = self._free_slots.pop()
+            sid = self._next_id
+            self._next_id += 1
+            mel = IncrementalLogMel(c.audio)
+            mel.push(torch.zeros(c.streaming.n_left_pad_tokens * c.samples_per_token))
+            stream = EngineStream(sid, slot, delay_tokens, c.prompt_ids(delay_tokens), on_event, mel,
+                                  IncrementalDetokenizer(self.tokenizer), max_tokens=self.runner.max_tokens)
+            self._controls[sid] = _Control(stream)
+            self._stats.active_streams = len(self._controls)
+            self._wake.notify_all()
+        return sid
+
+    def _control(self, stream_id: int) -> _Control:
+        ctl = self._controls.get(stream_id)
+        if ctl is None or ctl.closed:
+            raise StreamError(f"unknown or closed stream {stream_id}")
+        return ctl
+
+    def push_audio(self, stream_id: int, samples: np.ndarray) -> None:
+        arr = as_mono_float32(samples)
+        with self._lock:
+            s = self._control(stream_id).stream
+            if s.finish_in_inbox or s.finish_requested:
+                raise StreamError(f"stream {stream_id} is finished: no more audio")
+            if arr.size:
+                s.inbox.append(arr)
+                s.inbox_samples += arr.size
+                self._wake.notify_all()
+
+    def finish_stream(self, stream_id: int) -> None:
+        with self._lock:
+            s = self._control(stream_id).stream
+            s.finish_in_inbox = True
+            self._wake.notify_all()
+
+    def close_stream(self, stream_id: int) -> None:
+        with self._lock:
+            ctl = self._controls.get(stream_id)
+            if ctl is not None:
+                ctl.closed = True
+                self._wake.notify_all()
+
+    def pending_audio_seconds(self, stream_id: int) -> float:
+        with self._lock:
+            ctl = self._controls.get(stream_id)
+            if ctl is None:
+                return 0.0
+            s = ctl.stream
+            # inbox + audio in the front-end not yet turned into tokens
+            undecoded = s.inbox_samples + s.mel.buffered_samples
+        return undecoded / self.config.audio.sampling_rate
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            st = EngineStats(sum(1 for c in self._controls.values() if not c.closed), self.opts.max_streams,
+                             self._stats.steps, list(self._stats.step_seconds), self._stats.tokens_emitted)
+            self._stats.step_seconds.clear()
+        return st
+
+    # -- engine thread ------------------------------------------------------------------------------
+    def _sync_with_clients(self) -> list[EngineStream]:
+        """Between steps: joins, leaves, new audio, finish requests. Returns the live streams."""
+        live: list[EngineStream] = []
+        with self._lock:
+            for sid in list(self._controls):
+                ctl = self._controls[sid]
+                s = ctl.stream
+                if ctl.closed:
+                    if ctl.joined:
+                        self.runner.release(s.slot)
+                    self._free_slots.append(s.slot)
+                    del self._controls[sid]
+                    continue
+                if not ctl.joined:
+                    self.runner.admit(s.slot)
+                    ctl.joined = True
+                chunks = list(s.inbox)
+                s.inbox.clear()
+                s.inbox_samples = 0
+                if chunks:
+                    s.ingest(chunks)
+                if s.finish_in_inbox and not s.finish_requested:
+                    self._apply_finish(s)
+                live.append(s)
+            self._stats.active_streams = len(self._controls)
+        return live
+
+    def _apply_finish(self, s: EngineStream) -> None:
+        c = self.config
+        spt = c.samples_per_token
+        pad = (-s.user_samples) % spt + c.right_pad_tokens(s.delay_tokens) * spt
+        s.mel.push(torch.zeros(pad))
+        s.total_tokens = c.streaming.n_left_pad_tokens + (s.user_samples + pad) // spt
+        s.finish_requested = True
+
+    def _has_pending_work(self) -> bool:
+        for ctl in self._controls.values():
+            s = ctl.stream
+            if ctl.closed or not ctl.joined or s.inbox or (s.finish_in_inbox and not s.finish_requested):
+                return True
+        return False
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._stop:
+                    return
+            live = self._sync_with_clients()
+            ran = self._run_step(live)
+            if not ran:
+                with self._lock:
+                    if not self._stop and not self._has_pending_work():
+                        self._wake.wait(timeout=0.25)
+
+    def _run_step(self, live: list[EngineStream]) -> bool:
+        ended = [s for s in live if not s.done and s.is_finished()]
+        for s in ended:
+            self._end_stream(s)
+        plan = self.scheduler.plan(live, self._step)
+        if not plan:
+            return bool(ended)
+        t0 = time.perf_counter()
+        try:
+            first_ids = [self.runner.prefill(s) for s in plan.prefill]
+            ids = None
+            if plan.decode:
+                need_audio = [s for s in plan.decode if s.audio_done <= s.lm_pos]
+                if need_audio:
+                    self.runner.encode_step(need_audio)
+                ids = self.runner.decode_step(plan.decode)
+            outs = [t.reshape(-1) for t in first_ids] + ([ids] if ids is not None else [])
+            host = torch.cat(outs).tolist()  # the one device -> host transfer of the step
+        except Exception as exc:  # a failing step fails its streams, never the engine
+            logger.exception("engine step failed")
+            for s in plan.prefill + plan.decode:
+                self._fail_stream(s, f"engine step failed: {type(exc).__name__}: {exc}")
+            return True
+        dt = time.perf_counter() - t0
+        n_pre = len(plan.prefill)
+        for i, (s, tok) in enumerate(zip(plan.prefill + plan.decode, host)):
+            s.lm_pos = s.prompt_len if i < n_pre else s.lm_pos + 1
+            self._emit_token(s, int(tok))
+        self._step += 1
+        with self._lock:
+            self._stats.steps += 1
+            self._stats.step_seconds.append(dt)
+            del self._stats.step_seconds[:-4096]
+            self._stats.tokens_emitted += len(host)
+        for s in plan.prefill + plan.decode:
+            if s.is_finished() and not s.done:
+                self._end_stream(s)
+        return True
+
+    def _emit_token(self, s: EngineStream, tok: int) -> None:
+        c = self.config
+        s.tokens.append(tok)
+        pos = len(s.tokens) - 1
+        text = "" if tok == c.tokens.eos else s.detok.push(tok)
+        audio_end_ms = max(0, (pos - c.streaming.n_left_pad_tokens) * c.token_duration_ms)
+        if tok == c.tokens.eos:
+            s.ended_by_eos = True
+        if s.max_tokens is not None and len(s.tokens) >= s.max_tokens and not s.is_finished():
+            s.truncated = True
+        s.on_event(StreamToken(s.stream_id, tok, text, pos, audio_end_ms))
+
+    def _end_stream(self, s: EngineStream) -> None:
+        s.done = True
+        tail = s.detok.flush()
+        if tail:
+            s.on_event(StreamToken(s.stream_id, -1, tail, len(s.tokens) - 1, 0))
+        s.on_event(StreamDone(s.stream_id, s.detok.text, s.prompt_len, len(s.tokens) - s.prompt_len,
+                              s.ended_by_eos, s.truncated))
+
+    def _fail_stream(self, s: EngineStream, message: str) -> None:
+        s.done = True
+        s.on_event(StreamFailed(s.stream_id, message))

@@ -1,0 +1,105 @@
+"""Paged key/value caches with per-stream ring block tables, and the admission arithmetic.
+
+Layout (per layer): `k`, `v` [num_blocks, block_size, kv_heads, head_dim]. A stream owns a ring of
+`width` physical blocks; logical block b (= position // block_size) lives in ring slot b % width.
+The ring is sized so every position still inside the sliding window (plus the queries of one
+step) has its own slot: when the window slides past a block, that block is recycled in place for
+the newest positions. Memory per stream is therefore fixed by the window: a 3-hour stream costs
+what an 11-minute one does, and a stream that is admitted can never run out of KV mid-stream.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def ring_width(window: int | None, block_size: int, max_q_len: int, max_positions: int | None) -> int:
+    """Blocks a stream needs so that no position a query can see is ever overwritten.
+
+    A query at p reads positions p-window+1 .. p; the newest step writes up to max_q_len positions
+    ending at p. Those span window + max_q_len - 1 positions, touching at most
+    ceil((window + max_q_len - 1) / block_size) + 1 blocks.
+    """
+    span = (window + max_q_len - 1) if window is not None else None
+    if max_positions is not None:
+        span = max_positions if span is None else min(span, max_positions)
+    if span is None:
+        raise ValueError("a cache without a sliding window needs a maximum session length")
+    return math.ceil(span / block_size) + 1
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    block_size: int
+    window: int | None
+    max_q_len: int
+
+    def bytes_per_block(self, dtype: torch.dtype) -> int:
+        return 2 * self.num_layers * self.block_size * self.kv_heads * self.head_dim * torch.empty(0, dtype=dtype).element_size()
+
+    def blocks_per_stream(self, max_positions: int | None) -> int:
+        return ring_width(self.window, self.block_size, self.max_q_len, max_positions)
+
+
+class BlockPool:
+    """Free list of physical block ids."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def take(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise MemoryError(f"{n} blocks requested, {len(self._free)} free")
+        out = self._free[-n:]
+        del self._free[-n:]
+        return out
+
+    def give_back(self, blocks: list[int]) -> None:
+        self._free.extend(blocks)
+
+
+class PagedKVCache:
+    """All layers' K/V pages plus one ring block table per stream slot."""
+
+    def __init__(self, spec: CacheSpec, num_blocks: int, max_streams: int, max_positions: int | None,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.spec = spec
+        self.width = spec.blocks_per_stream(max_positions)
+        shape = (num_blocks, spec.block_size, spec.kv_heads, spec.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(spec.num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(spec.num_layers)]
+        self.pool = BlockPool(num_blocks)
+        # -1 marks unused table entries; a stream's whole ring is reserved at admission
+        self.tables = torch.full((max_streams, self.width), -1, dtype=torch.int32, device=device)
+        self._owned: dict[int, list[int]] = {}
+
+    def can_admit(self) -> bool:
+        return self.pool.free >= self.width
+
+    def admit(self, slot: int) -> None:
+        blocks = self.pool.take(self.width)
+        self._owned[slot] = blocks
+        self.tables[slot] = torch.tensor(blocks, dtype=torch.int32, device=self.tables.device)
+
+    def release(self, slot: int) -> None:
+        blocks = self._owned.pop(slot, None)
+        if blocks is not None:
+            self.pool.give_back(blocks)
+            self.tables[slot] = -1
+
+    def slot_mapping(self, stream_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Flat cache slot (physical_block * block_size + offset) of each (stream slot, position)."""
+        bs = self.spec.block_size
+        blocks = self.tables[stream_slots.long(), (positions.long() // bs) % self.width].long()
+        return blocks * bs + positions.long() % bs

@@ -1,0 +1,219 @@
+"""Runs the network for a batch of streams: persistent buffers, paged caches, prefill, encoder and LM steps.
+
+Per step (DESIGN §4): the new 80 ms audio token of every scheduled stream goes through the
+batched incremental encoder (conv stem with per-stream state, paged sliding-window attention), its
+embedding lands in the encoder cache, one gather-add kernel writes `embed(token) + audio` of each
+scheduled stream into the persistent `inputs_embeds`, the LM step runs (replayed from a CUDA graph
+when enabled), and greedy argmax happens on the device; only token ids reach the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kernels.gather_add import gather_add_embeddings
+
+from ..audio import LogMel
+from ..model import VoxtralRealtime
+from .attention import PagedAttention, PrefillAttention
+from .cuda_graph import DecodeGraphRunner
+from .kv_cache import CacheSpec, PagedKVCache
+from .stream import EngineStream
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    max_streams: int = 16
+    max_batch: int = 16
+    block_size: int = 16
+    max_session_seconds: float | None = None  # bounds each stream's KV when the window is larger
+    cuda_graphs: bool = True
+    encoder_cache_tokens: int = 8  # audio embeddings kept per stream ahead of the LM
+    max_step_tokens: int = 8  # most LM positions one stream runs in a step (speculative verify: k + 1)
+
+
+def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
+    """(encoder, LM) KV bytes one admitted stream reserves."""
+    enc, lm = _cache_specs(model, opts)
+    e_pos, l_pos = _max_positions(model, opts)
+    return (enc.blocks_per_stream(e_pos) * enc.bytes_per_block(model.dtype),
+            lm.blocks_per_stream(l_pos) * lm.bytes_per_block(model.dtype))
+
+
+def _cache_specs(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[CacheSpec, CacheSpec]:
+    c = model.config
+    fpt = c.streaming.downsample_factor
+    # prefill chunks attend densely within themselves, so the rings only cover decode-step queries
+    enc = CacheSpec(c.encoder.num_layers, c.encoder.num_heads, c.encoder.head_dim, opts.block_size,
+                    c.encoder.sliding_window, max_q_len=fpt * opts.max_step_tokens)
+    lm = CacheSpec(c.decoder.num_layers, c.decoder.num_kv_heads, c.decoder.head_dim, opts.block_size,
+                   c.decoder.sliding_window, max_q_len=opts.max_step_tokens)
+    return enc, lm
+
+
+def _max_positions(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int | None, int | None]:
+    if opts.max_session_seconds is None:
+        return None, None
+    c = model.config
+    tokens = c.prompt_length(30) + math.ceil(opts.max_session_seconds * 1000 / c.token_duration_ms) + \
+        c.right_pad_tokens(30) + 1
+    return tokens * c.streaming.downsample_factor, tokens
+
+
+class ModelRunner:
+    def __init__(self, model: VoxtralRealtime, opts: RunnerOptions) -> None:
+        self.model, self.opts = model, opts
+        c = self.cfg = model.config
+        dev, dt = self.device, self.dtype = model.device, model.dtype
+        enc_spec, lm_spec = _cache_specs(model, opts)
+        e_pos, l_pos = _max_positions(model, opts)
+        if lm_spec.window is None and l_pos is None:
+            raise ValueError("this model's LM has no sliding window: set max_session_seconds")
+        self.enc_cache = PagedKVCache(enc_spec, opts.max_streams * enc_spec.blocks_per_stream(e_pos), opts.max_streams,
+                                      e_pos, dev, dt)
+        self.lm_cache = PagedKVCache(lm_spec, opts.max_streams * lm_spec.blocks_per_stream(l_pos), opts.max_streams,
+                                     l_pos, dev, dt)
+        self.max_tokens = l_pos
+        self.mel = LogMel(c.audio)
+        conv = model.audio_tower.embedder
+        self.conv1_state = torch.zeros(opts.max_streams, conv.conv1.in_channels, 2, device=dev, dtype=dt)
+        self.conv2_state = torch.zeros(opts.max_streams, conv.conv2.in_channels, 1, device=dev, dtype=dt)
+        # EncoderCache: per-stream ring of audio embeddings, row slot * C + position % C
+        self.cache_len = opts.encoder_cache_tokens
+        self.audio_cache = torch.zeros(opts.max_streams * self.cache_len, c.decoder.hidden_size, device=dev, dtype=dt)
+
+        # persistent decode-step buffers (fixed addresses for CUDA graphs)
+        b = opts.max_batch
+        self.token_ids = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.audio_rows = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.inputs_embeds = torch.zeros(b, c.decoder.hidden_size, device=dev, dtype=dt)
+        self.positions = torch.zeros(b, dtype=torch.int32, device=dev)
+        self.delays = torch.zeros(b, dtype=torch.int32, device=dev)
+        self.slot_mapping = torch.full((b,), -1, dtype=torch.int64, device=dev)
+        self.block_tables = torch.zeros(b, self.lm_cache.width, dtype=torch.int32, device=dev)
+        self.seq_ids = torch.arange(b, dtype=torch.int32, device=dev)
+        self.next_ids = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.graphs: DecodeGraphRunner | None = None
+        if opts.cuda_graphs and dev.type == "cuda":
+            self.graphs = DecodeGraphRunner(self._decode_forward, opts.max_batch, dev)
+            self._set_padding(0, opts.max_batch)
+            self.graphs.capture()
+
+    # -- admission -----------------------------------------------------------------------------
+    def can_admit(self) -> bool:
+        return self.enc_cache.can_admit() and self.lm_cache.can_admit()
+
+    def admit(self, slot: int) -> None:
+        self.enc_cache.admit(slot)
+        self.lm_cache.admit(slot)
+        self.conv1_state[slot].zero_()
+        self.conv2_state[slot].zero_()
+
+    def release(self, slot: int) -> None:
+        self.enc_cache.release(slot)
+        self.lm_cache.release(slot)
+
+    # -- audio ---------------------------------------------------------------------------------
+    def _mel_batch(self, streams: list[EngineStream], n_tokens: int) -> torch.Tensor:
+        frames = n_tokens * self.cfg.streaming.mel_frames_per_token
+        windows = torch.stack([s.mel.window(frames) for s in streams])
+        for s in streams:
+            s.mel.advance(frames)
+        return self.mel.from_padded(windows, frames).to(self.device, self.dtype)  # [B, n_mels, frames]
+
+    @torch.no_grad()
+    def encode_step(self, streams: list[EngineStream]) -> None:
+        """One new audio token for each stream (all already prefilled) -> the encoder cache."""
+        b = len(streams)
+        fpt = self.cfg.streaming.downsample_factor
+        dev = self.device
+        mel = self._mel_batch(streams, 1)
+        slots = torch.tensor([s.slot for s in streams], device=dev, dtype=torch.int64)
+        state = (self.conv1_state[slots], self.conv2_state[slots])
+        frames, (s1, s2) = self.model.audio_tower.embedder(mel, state)
+        self.conv1_state[slots] = s1
+        self.conv2_state[slots] = s2
+        starts = torch.tensor([s.audio_done * fpt for s in streams], device=dev, dtype=torch.int32)
+        pos = (starts[:, None] + torch.arange(fpt, device=dev, dtype=torch.int32)).reshape(-1)  # [B*fpt]
+        seq = torch.arange(b, device=dev, dtype=torch.int32).repeat_interleave(fpt)
+        backend = PagedAttention(self.enc_cache, self.enc_cache.slot_mapping(slots.repeat_interleave(fpt), pos),
+                                 self.enc_cache.tables[slots], seq, pos)
+        hidden = self.model.audio_tower(frames.reshape(1, b * fpt, -1), pos[None], backend)
+        emb = self.model.multi_modal_projector(hidden)[0]  # [B, H]
+        rows = slots * self.cache_len + torch.tensor([s.audio_done % self.cache_len for s in streams], device=dev)
+        self.audio_cache[rows] = emb
+        for s in streams:
+            s.audio_done += 1
+
+    # -- prefill -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, s: EngineStream) -> torch.Tensor:
+        """Prompt of a new stream: P audio tokens through the encoder, P positions through the LM.
+
+        Returns the first generated token id (a 0-d device tensor).
+        """
+        p = s.prompt_len
+        fpt = self.cfg.streaming.downsample_factor
+        dev = self.device
+        mel = self._mel_batch([s], p)
+        state = (self.conv1_state[s.slot: s.slot + 1], self.conv2_state[s.slot: s.slot + 1])
+        frames, (s1, s2) = self.model.audio_tower.embedder(mel, state)
+        self.conv1_state[s.slot] = s1[0]
+        self.conv2_state[s.slot] = s2[0]
+        enc_pos = torch.arange(p * fpt, device=dev)
+        hidden = self.model.audio_tower(frames, enc_pos[None], PrefillAttention(self.enc_cache, s.slot, enc_pos))
+        audio = self.model.multi_modal_projector(hidden)  # [1, P, H]
+        s.audio_done = p
+        ids = torch.tensor([s.prompt], device=dev)
+        pos = torch.arange(p, device=dev)
+        t_cond = self.model.t_cond(torch.tensor([s.delay_tokens], device=dev))[:, None, :]
+        out = self.model.decode(self.model.embed_tokens(ids) + audio, pos[None], t_cond,
+                                PrefillAttention(self.lm_cache, s.slot, pos))
+        return self.model.logits(out[0, -1]).argmax(-1)
+
+    # -- LM decode step ------------------------------------------------------------------------
+    def _decode_forward(self, b: int) -> None:
+        """The LM step over the first `b` rows of the persistent buffers (graph-capturable)."""
+        backend = PagedAttention(self.lm_cache, self.slot_mapping[:b], self.block_tables[:b], self.seq_ids[:b],
+                                 self.positions[:b])
+        t_cond = self.model.t_cond(self.delays[:b])[None]
+        hidden = self.model.decode(self.inputs_embeds[None, :b], self.positions[None, :b], t_cond, backend)
+        self.next_ids[:b] = self.model.logits(hidden[0]).argmax(-1)
+
+    def _set_padding(self, start: int, end: int) -> None:
+        """Rows that a graph bucket runs but no stream owns: no KV write, zero attention, zero input."""
+        if end > start:
+            self.token_ids[start:end] = -1
+            self.audio_rows[start:end] = -1
+            self.positions[start:end] = -1
+            self.delays[start:end] = 0
+            self.slot_mapping[start:end] = -1
+
+    @torch.no_grad()
+    def decode_step(self, streams: list[EngineStream]) -> torch.Tensor:
+        """One LM position for each stream; returns next token ids [B] (device)."""
+        b = len(streams)
+        dev = self.device
+        slots = torch.tensor([s.slot for s in streams], device=dev, dtype=torch.int64)
+        pos = torch.tensor([s.lm_pos for s in streams], device=dev, dtype=torch.int32)
+        self.token_ids[:b] = torch.tensor([s.tokens[s.lm_pos] for s in streams], device=dev)
+        self.audio_rows[:b] = slots * self.cache_len + pos.long() % self.cache_len
+        self.positions[:b] = pos
+        self.delays[:b] = torch.tensor([s.delay_tokens for s in streams], device=dev, dtype=torch.int32)
+        self.slot_mapping[:b] = self.lm_cache.slot_mapping(slots, pos)
+        torch.index_select(self.lm_cache.tables, 0, slots, out=self.block_tables[:b])
+        run_b = self.graphs.bucket(b) if self.graphs is not None else b
+        self._set_padding(b, run_b)
+        gather_add_embeddings(self.inputs_embeds[:run_b], self.token_ids[:run_b],
+                              self.model.language_model.embed_tokens.weight, self.audio_cache, self.audio_rows[:run_b])
+        if self.graphs is not None:
+            self.graphs.replay(run_b)
+        else:
+            self._decode_forward(b)
+        return self.next_ids[:b]

@@ -1,0 +1,171 @@
+"""Batched engine == single-stream session, for many streams joining and leaving at different steps."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import synthetic_audio
+from realtime.engine import BatchedEngine, RunnerOptions
+from realtime.engine.kv_cache import ring_width
+from realtime.loader import load_model
+from realtime.serving import AdmissionError, StreamDone, StreamError, StreamFailed, StreamToken
+from realtime.session import transcribe
+from realtime.tokenizer import load_tokenizer
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: dict[int, list] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, ev) -> None:
+        with self.lock:
+            self.events.setdefault(ev.stream_id, []).append(ev)
+
+    def tokens(self, sid: int) -> list[int]:
+        return [e.token_id for e in self.events.get(sid, []) if isinstance(e, StreamToken) and e.token_id >= 0]
+
+    def done(self, sid: int):
+        evs = [e for e in self.events.get(sid, []) if isinstance(e, (StreamDone, StreamFailed))]
+        return evs[-1] if evs else None
+
+
+def drive(engine: BatchedEngine, max_steps: int = 100_000) -> None:
+    """Run the engine loop body in this thread until nothing is left to do (deterministic)."""
+    for _ in range(max_steps):
+        live = engine._sync_with_clients()
+        if not engine._run_step(live) and not engine._has_pending_work():
+            return
+    raise AssertionError("engine did not go idle")
+
+
+@pytest.mark.parametrize("small_windows", [False, True])
+def test_sixteen_streams_join_and_leave(tiny_ckpt, small_windows):
+    path = tiny_ckpt(seed=1, small_windows=small_windows)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=12, max_batch=8, block_size=4))
+    rng = np.random.default_rng(0)
+    n = 16
+    clips = [synthetic_audio(float(rng.uniform(0.5, 4.0)), seed=100 + i) for i in range(n)]
+    delays = [int(rng.choice([80, 160, 480, 1200, 2400])) for _ in range(n)]
+    join_at = sorted(int(x) for x in rng.integers(0, 60, size=n))
+    rec = Recorder()
+    sids: dict[int, int] = {}
+    pos = [0] * n
+    finished = [False] * n
+    refs = {i: transcribe(model, tok, clips[i], delay_ms=delays[i]).token_ids for i in range(n)}
+    step = 0
+    closed: set[int] = set()
+    while len(closed) < n:
+        for i in range(n):
+            if i not in sids and join_at[i] <= step:
+                try:
+                    sids[i] = eng.open_stream(rec, delay_ms=delays[i])
+                except AdmissionError:
+                    pass  # full: try again on a later step (12 slots for 16 streams)
+            if i in sids and not finished[i]:
+                k = int(rng.choice([0, 1, 160, 1280, 3000, 20000]))
+                if k:
+                    eng.push_audio(sids[i], clips[i][pos[i]: pos[i] + k])
+                    pos[i] += k
+                if pos[i] >= clips[i].size:
+                    eng.finish_stream(sids[i])
+                    finished[i] = True
+            if i in sids and i not in closed and rec.done(sids[i]) is not None:
+                eng.close_stream(sids[i])  # leaving frees its slot for the streams still waiting
+                closed.add(i)
+        live = eng._sync_with_clients()
+        eng._run_step(live)
+        step += 1
+        assert step < 20_000
+    for i in range(n):
+        done = rec.done(sids[i])
+        assert isinstance(done, StreamDone)
+        assert rec.tokens(sids[i]) == refs[i], f"stream {i} (delay {delays[i]} ms)"
+        assert done.text == "".join(e.text for e in rec.events[sids[i]] if isinstance(e, StreamToken))
+    drive(eng)
+    assert len(eng._free_slots) == 12 and eng.runner.lm_cache.pool.free == eng.runner.lm_cache.pool.num_blocks
+
+
+def test_admission_refusal_and_release(tiny_ckpt):
+    path = tiny_ckpt(seed=0)
+    model, _ = load_model(path)
+    eng = BatchedEngine(model, load_tokenizer(path), opts=RunnerOptions(max_streams=2, max_batch=2))
+    rec = Recorder()
+    a = eng.open_stream(rec)
+    eng.open_stream(rec)
+    with pytest.raises(AdmissionError, match=r"engine is full: 2 streams admitted, each reserving [\d.]+ MiB"):
+        eng.open_stream(rec)
+    eng.close_stream(a)
+    drive(eng)
+    eng.open_stream(rec)  # the slot and its KV came back
+
+
+def test_kv_memory_is_bounded_by_the_window(tiny_ckpt):
+    path = tiny_ckpt(seed=0, small_windows=True)
+    model, _ = load_model(path)
+    eng = BatchedEngine(model, load_tokenizer(path), opts=RunnerOptions(max_streams=1, max_batch=1, block_size=4))
+    c = model.config
+    assert eng.runner.lm_cache.width == ring_width(c.decoder.sliding_window, 4, 8, None)
+    rec = Recorder()
+    sid = eng.open_stream(rec)
+    eng.push_audio(sid, synthetic_audio(20.0, seed=3))  # 250 tokens: 40x the decoder window
+    eng.finish_stream(sid)
+    drive(eng)
+    assert isinstance(rec.done(sid), StreamDone)
+    assert rec.tokens(sid) == transcribe(model, load_tokenizer(path), synthetic_audio(20.0, seed=3)).token_ids
+    # nothing beyond the ring reserved at admission was ever used
+    assert eng.runner.lm_cache.pool.free == eng.runner.lm_cache.pool.num_blocks - eng.runner.lm_cache.width
+
+
+def test_max_session_length_ends_gracefully(tiny_ckpt):
+    path = tiny_ckpt(seed=0)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=2, max_batch=2, max_session_seconds=1.0))
+    rec = Recorder()
+    long_sid = eng.open_stream(rec)
+    short_sid = eng.open_stream(rec)
+    eng.push_audio(long_sid, synthetic_audio(30.0, seed=4))
+    eng.push_audio(short_sid, synthetic_audio(0.5, seed=5))
+    eng.finish_stream(short_sid)
+    drive(eng)
+    done = rec.done(long_sid)
+    assert isinstance(done, StreamDone) and done.truncated
+    ref = transcribe(model, tok, synthetic_audio(30.0, seed=4)).token_ids
+    assert rec.tokens(long_sid) == ref[: len(rec.tokens(long_sid))]
+    assert rec.tokens(short_sid) == transcribe(model, tok, synthetic_audio(0.5, seed=5)).token_ids
+    with pytest.raises(StreamError):
+        eng.push_audio(short_sid, np.zeros(10, np.float32))
+
+
+def test_bad_or_silent_streams_do_not_hurt_others(tiny_ckpt):
+    path = tiny_ckpt(seed=2)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=3, max_batch=3))
+    eng.start()
+    try:
+        rec = Recorder()
+        good, nan, silent = (eng.open_stream(rec) for _ in range(3))
+        audio = synthetic_audio(2.0, seed=6)
+        with pytest.raises(ValueError, match="NaN"):
+            eng.push_audio(nan, np.full(1000, np.nan, np.float32))
+        eng.push_audio(silent, audio[:5000])  # then it stops sending, never finishes
+        for k in range(0, audio.size, 999):
+            eng.push_audio(good, audio[k: k + 999])
+            if k % 4995 == 0:
+                eng.push_audio(nan, audio[k: k + 10])
+        eng.finish_stream(good)
+        for _ in range(600):
+            if rec.done(good) is not None:
+                break
+            threading.Event().wait(0.05)
+        assert rec.tokens(good) == transcribe(model, tok, audio).token_ids
+        assert rec.done(silent) is None and rec.done(nan) is None  # still open, never stalled the good one
+    finally:
+        eng.stop()
