@@ -1,16 +1,17 @@
 """GPU kernels of the engine's hot path, each with a plain-PyTorch reference that defines it.
 
-Dependency rule: this package imports only `torch` and `triton` (never numpy, never `realtime`
-or any other project package), so it can be tested, benchmarked and reused on its own. Triton is
-optional at import time: without it (e.g. torch builds for macOS) only the torch references run.
+Dependency rule: this package imports only `torch` and `triton` (plus the standard library): never
+numpy, never `realtime` or any other project package, so it can be tested, benchmarked and reused
+on its own. Triton is imported lazily, only when a kernel runs: without it (e.g. torch builds for
+macOS) the torch references still work.
 
 - `gather_add_embeddings`: the decode step's `embed(token) + audio_embedding` gather into the
   persistent `inputs_embeds` buffer.
 - `write_kv` / `paged_attention`: short-query attention (decode, encoder step, speculative
   verify) over paged key/value caches addressed through per-sequence ring block tables.
 
-Every public function takes `backend="auto" | "triton" | "torch"`: "auto" runs Triton on CUDA
-tensors and the reference elsewhere; "triton" on CPU tensors works only under the Triton
+The dispatching functions (`gather_add_embeddings`, `write_kv`, `paged_attention`) take
+`backend="auto" | "triton" | "torch"`: "auto" runs Triton on CUDA tensors and the reference elsewhere; "triton" on CPU tensors works only under the Triton
 interpreter (`TRITON_INTERPRET=1`, which is how the CPU test suite runs the kernels).
 """
 

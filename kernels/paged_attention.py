@@ -124,19 +124,17 @@ def _check_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
 
 
-# Gathered keys are [chunk, L, Hkv, D]; bound a chunk to about this many elements.
-_REFERENCE_CHUNK_ELEMS = 1 << 25
-
-
 def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor,
-                              window: int | None, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                              window: int | None, scale: float, out: torch.Tensor | None = None, *,
+                              chunk_elems: int = 1 << 25) -> torch.Tensor:
     """Definition of `paged_attention` in plain torch (also the CPU implementation).
 
     For each query token it gathers the keys at positions p, p-1, ..., p-L+1 through the ring
     table (L = min(window, max position + 1)), masks positions < 0, and takes a softmax in fp32
-    (fp64 for fp64 inputs). Vectorised over tokens, in chunks bounding the gathered memory. Syncs
-    the host (it reads max(q_pos)), so it is not for CUDA-graph capture.
+    (fp64 for fp64 inputs). Vectorised over tokens, in chunks of tokens whose gathered keys
+    [chunk, L, Hkv, D] hold about `chunk_elems` elements. Syncs the host (it reads max(q_pos)), so it
+    is not for CUDA-graph capture.
     """
     _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
     t, hq, d = q.shape
@@ -151,7 +149,7 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     span = max_pos + 1 if not window else min(window, max_pos + 1)
     width = block_tables.shape[1]
     offsets = torch.arange(span, device=q.device)
-    chunk = max(1, _REFERENCE_CHUNK_ELEMS // max(1, span * hkv * d))
+    chunk = max(1, chunk_elems // max(1, span * hkv * d))
     for start in range(0, t, chunk):
         sl = slice(start, min(t, start + chunk))
         pos = q_pos[sl].long()
@@ -189,11 +187,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     tokens_per_run (Triton performance hint, ignored by the reference): the tokens form consecutive
     runs of this many rows (the last run may be shorter) and the non-padding rows of a run belong
     to one sequence, so one program loads each key block once for all of them (encoder: 4,
-    speculative verify: k+1). 1 is always valid. A non-padding row whose sequence differs from
-    the rest of its run breaks the contract and is written as NaN, never silently wrong.
+    speculative verify: k+1). 1 is always valid. A run mixing sequences breaks the contract: its
+    rows whose seq id is below the run's largest one are written as NaN, never silently wrong.
 
     num_splits: key-range splits per (run, kv head) for the Triton path (None: chosen from the
-    GPU's SM count so that small batches still fill the GPU). Must stay fixed for a captured graph.
+    shapes and the GPU's SM count so that small batches still fill the GPU; being shape-only, the
+    choice is the same at capture and replay of a CUDA graph).
     """
     _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
     if tokens_per_run < 1:

@@ -18,9 +18,12 @@ from .kv_cache import PagedKVCache
 
 class PagedAttention:
     def __init__(self, cache: PagedKVCache, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                 seq_ids: torch.Tensor, q_pos: torch.Tensor) -> None:
+                 seq_ids: torch.Tensor, q_pos: torch.Tensor, tokens_per_run: int = 1) -> None:
+        """tokens_per_run: the queries come in runs of this many rows of one stream (encoder: the 4
+        frames of an audio token), which lets the kernel read each key block once per run."""
         self.cache = cache
         self.slot_mapping, self.block_tables, self.seq_ids, self.q_pos = slot_mapping, block_tables, seq_ids, q_pos
+        self.tokens_per_run = tokens_per_run
         self.window = cache.spec.window
         self.scale = cache.spec.head_dim ** -0.5
 
@@ -28,7 +31,7 @@ class PagedAttention:
         # [1, T, H, D]: the batch is flattened into one row of tokens
         write_kv(self.cache.k[layer], self.cache.v[layer], k[0], v[0], self.slot_mapping)
         out = paged_attention(q[0], self.cache.k[layer], self.cache.v[layer], self.block_tables, self.seq_ids,
-                              self.q_pos, self.window, self.scale)
+                              self.q_pos, self.window, self.scale, tokens_per_run=self.tokens_per_run)
         return out[None]
 
 

@@ -82,11 +82,14 @@ class ModelRunner:
         self.max_tokens = l_pos
         self.mel = LogMel(c.audio)
         conv = model.audio_tower.embedder
-        self.conv1_state = torch.zeros(opts.max_streams, conv.conv1.in_channels, 2, device=dev, dtype=dt)
-        self.conv2_state = torch.zeros(opts.max_streams, conv.conv2.in_channels, 1, device=dev, dtype=dt)
+        # one extra row (index max_streams) absorbs the writes of padding rows in graph buckets
+        self.pad_slot = opts.max_streams
+        self.conv1_state = torch.zeros(opts.max_streams + 1, conv.conv1.in_channels, 2, device=dev, dtype=dt)
+        self.conv2_state = torch.zeros(opts.max_streams + 1, conv.conv2.in_channels, 1, device=dev, dtype=dt)
         # EncoderCache: per-stream ring of audio embeddings, row slot * C + position % C
         self.cache_len = opts.encoder_cache_tokens
-        self.audio_cache = torch.zeros(opts.max_streams * self.cache_len, c.decoder.hidden_size, device=dev, dtype=dt)
+        self.audio_cache = torch.zeros((opts.max_streams + 1) * self.cache_len, c.decoder.hidden_size, device=dev,
+                                       dtype=dt)
 
         # persistent decode-step buffers (fixed addresses for CUDA graphs)
         b = opts.max_batch
@@ -99,10 +102,24 @@ class ModelRunner:
         self.block_tables = torch.zeros(b, self.lm_cache.width, dtype=torch.int32, device=dev)
         self.seq_ids = torch.arange(b, dtype=torch.int32, device=dev)
         self.next_ids = torch.zeros(b, dtype=torch.int64, device=dev)
+        # persistent encoder-step buffers: one audio token (fpt encoder frames) per stream
+        fpt = c.streaming.downsample_factor
+        self.enc_mel = torch.zeros(b, c.audio.num_mel_bins, c.streaming.mel_frames_per_token, device=dev, dtype=dt)
+        self.enc_slots = torch.full((b,), self.pad_slot, dtype=torch.int64, device=dev)
+        self.enc_start = torch.zeros(b, dtype=torch.int32, device=dev)  # first encoder position of the token
+        self.enc_rows = torch.zeros(b, dtype=torch.int64, device=dev)  # audio cache row of the new embedding
+        self.enc_pos = torch.zeros(b * fpt, dtype=torch.int32, device=dev)
+        self.enc_seq = torch.arange(b, dtype=torch.int32, device=dev).repeat_interleave(fpt)
+        self.enc_slot_mapping = torch.full((b * fpt,), -1, dtype=torch.int64, device=dev)
+        self.enc_tables = torch.zeros(b, self.enc_cache.width, dtype=torch.int32, device=dev)
         self.graphs: DecodeGraphRunner | None = None
+        self.enc_graphs: DecodeGraphRunner | None = None
         if opts.cuda_graphs and dev.type == "cuda":
-            self.graphs = DecodeGraphRunner(self._decode_forward, opts.max_batch, dev)
             self._set_padding(0, opts.max_batch)
+            self._set_encoder_padding(0, opts.max_batch)
+            self.enc_graphs = DecodeGraphRunner(self._encode_forward, opts.max_batch, dev)
+            self.enc_graphs.capture()
+            self.graphs = DecodeGraphRunner(self._decode_forward, opts.max_batch, dev)
             self.graphs.capture()
 
     # -- admission -----------------------------------------------------------------------------
@@ -127,27 +144,55 @@ class ModelRunner:
             s.mel.advance(frames)
         return self.mel.from_padded(windows, frames).to(self.device, self.dtype)  # [B, n_mels, frames]
 
+    def _encode_forward(self, b: int) -> None:
+        """Conv stem, encoder layers and adapter for the first `b` rows (graph-capturable)."""
+        fpt = self.cfg.streaming.downsample_factor
+        slots = self.enc_slots[:b]
+        state = (self.conv1_state.index_select(0, slots), self.conv2_state.index_select(0, slots))
+        frames, (s1, s2) = self.model.audio_tower.embedder(self.enc_mel[:b], state)
+        self.conv1_state.index_copy_(0, slots, s1)
+        self.conv2_state.index_copy_(0, slots, s2)
+        pos = self.enc_pos[: b * fpt]
+        backend = PagedAttention(self.enc_cache, self.enc_slot_mapping[: b * fpt], self.enc_tables[:b],
+                                 self.enc_seq[: b * fpt], pos, tokens_per_run=fpt)
+        hidden = self.model.audio_tower(frames.reshape(1, b * fpt, -1), pos[None], backend)
+        self.audio_cache.index_copy_(0, self.enc_rows[:b], self.model.multi_modal_projector(hidden)[0])
+
+    def _set_encoder_padding(self, start: int, end: int) -> None:
+        if end > start:
+            fpt = self.cfg.streaming.downsample_factor
+            self.enc_slots[start:end] = self.pad_slot
+            self.enc_rows[start:end] = self.pad_slot * self.cache_len
+            self.enc_pos[start * fpt: end * fpt] = -1
+            self.enc_slot_mapping[start * fpt: end * fpt] = -1
+
+    @torch.no_grad()
+    def encode(self, mel: torch.Tensor, slots: list[int], audio_done: list[int]) -> None:
+        """Encode one audio token per stream: mel [B, n_mels, 8] of streams at token index audio_done."""
+        b = len(slots)
+        fpt = self.cfg.streaming.downsample_factor
+        dev = self.device
+        slot_t = torch.tensor(slots, device=dev, dtype=torch.int64)
+        start = torch.tensor(audio_done, device=dev, dtype=torch.int32) * fpt
+        pos = (start[:, None] + torch.arange(fpt, device=dev, dtype=torch.int32)).reshape(-1)
+        self.enc_mel[:b] = mel
+        self.enc_slots[:b] = slot_t
+        self.enc_pos[: b * fpt] = pos
+        self.enc_slot_mapping[: b * fpt] = self.enc_cache.slot_mapping(slot_t.repeat_interleave(fpt), pos)
+        torch.index_select(self.enc_cache.tables, 0, slot_t, out=self.enc_tables[:b])
+        self.enc_rows[:b] = slot_t * self.cache_len + torch.tensor(audio_done, device=dev) % self.cache_len
+        if self.enc_graphs is not None:
+            run_b = self.enc_graphs.bucket(b)
+            self._set_encoder_padding(b, run_b)
+            self.enc_graphs.replay(run_b)
+        else:
+            self._encode_forward(b)
+
     @torch.no_grad()
     def encode_step(self, streams: list[EngineStream]) -> None:
         """One new audio token for each stream (all already prefilled) -> the encoder cache."""
-        b = len(streams)
-        fpt = self.cfg.streaming.downsample_factor
-        dev = self.device
         mel = self._mel_batch(streams, 1)
-        slots = torch.tensor([s.slot for s in streams], device=dev, dtype=torch.int64)
-        state = (self.conv1_state[slots], self.conv2_state[slots])
-        frames, (s1, s2) = self.model.audio_tower.embedder(mel, state)
-        self.conv1_state[slots] = s1
-        self.conv2_state[slots] = s2
-        starts = torch.tensor([s.audio_done * fpt for s in streams], device=dev, dtype=torch.int32)
-        pos = (starts[:, None] + torch.arange(fpt, device=dev, dtype=torch.int32)).reshape(-1)  # [B*fpt]
-        seq = torch.arange(b, device=dev, dtype=torch.int32).repeat_interleave(fpt)
-        backend = PagedAttention(self.enc_cache, self.enc_cache.slot_mapping(slots.repeat_interleave(fpt), pos),
-                                 self.enc_cache.tables[slots], seq, pos)
-        hidden = self.model.audio_tower(frames.reshape(1, b * fpt, -1), pos[None], backend)
-        emb = self.model.multi_modal_projector(hidden)[0]  # [B, H]
-        rows = slots * self.cache_len + torch.tensor([s.audio_done % self.cache_len for s in streams], device=dev)
-        self.audio_cache[rows] = emb
+        self.encode(mel, [s.slot for s in streams], [s.audio_done for s in streams])
         for s in streams:
             s.audio_done += 1
 
@@ -198,14 +243,19 @@ class ModelRunner:
     @torch.no_grad()
     def decode_step(self, streams: list[EngineStream]) -> torch.Tensor:
         """One LM position for each stream; returns next token ids [B] (device)."""
-        b = len(streams)
+        return self.decode([s.slot for s in streams], [s.lm_pos for s in streams],
+                           [s.tokens[s.lm_pos] for s in streams], [s.delay_tokens for s in streams])
+
+    @torch.no_grad()
+    def decode(self, slots_l: list[int], positions: list[int], tokens: list[int], delays: list[int]) -> torch.Tensor:
+        b = len(slots_l)
         dev = self.device
-        slots = torch.tensor([s.slot for s in streams], device=dev, dtype=torch.int64)
-        pos = torch.tensor([s.lm_pos for s in streams], device=dev, dtype=torch.int32)
-        self.token_ids[:b] = torch.tensor([s.tokens[s.lm_pos] for s in streams], device=dev)
+        slots = torch.tensor(slots_l, device=dev, dtype=torch.int64)
+        pos = torch.tensor(positions, device=dev, dtype=torch.int32)
+        self.token_ids[:b] = torch.tensor(tokens, device=dev)
         self.audio_rows[:b] = slots * self.cache_len + pos.long() % self.cache_len
         self.positions[:b] = pos
-        self.delays[:b] = torch.tensor([s.delay_tokens for s in streams], device=dev, dtype=torch.int32)
+        self.delays[:b] = torch.tensor(delays, device=dev, dtype=torch.int32)
         self.slot_mapping[:b] = self.lm_cache.slot_mapping(slots, pos)
         torch.index_select(self.lm_cache.tables, 0, slots, out=self.block_tables[:b])
         run_b = self.graphs.bucket(b) if self.graphs is not None else b

@@ -1,0 +1,317 @@
+"""Batched-engine benchmarks on a GPU (issue 3: B1-B4 and memory), full-size config, random bf16 weights.
+
+    python benchmarks/bench_engine.py --model DIR --out bench_engine.json [--quick]
+
+B1  batch-1 step time (encoder token + LM token, graphs on) vs the floor: weight bytes / measured
+    device copy bandwidth (same run).
+B2  step time for 1..N streams at 2-minute session ages, and the largest stream count whose p99
+    step time (= time to process one 80 ms tick for every stream) stays <= 40 ms; then a paced run
+    through the real engine thread at that count (audio fed at real time).
+B3  step time at session age 1 min vs 60 min (caches filled to those positions).
+B4  transformers (eager generate with caches) on the same GPU: per-stream step time, ratio ours/theirs.
+Memory: KV bytes reserved per stream (encoder + LM) and the admission limit they imply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from realtime.engine.model_runner import ModelRunner, RunnerOptions, kv_bytes_per_stream  # noqa: E402
+from realtime.loader import load_model  # noqa: E402
+
+log = logging.getLogger("bench_engine")
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (median of 20)."""
+    n = 2 * 2**30 // 2
+    a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(25):
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * a.numel() * 2 / statistics.median(times[5:])
+
+
+def matmul_tflops() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * 8192**3 * 10 / (time.perf_counter() - t0) / 1e12
+
+
+def weight_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+class SyntheticStreams:
+    """Drives ModelRunner.encode/decode directly for `n` streams at given session ages."""
+
+    def __init__(self, runner: ModelRunner, n: int, ages_tokens: list[int], delay: int = 6) -> None:
+        self.runner, self.n = runner, n
+        c = runner.cfg
+        self.fpt = c.streaming.downsample_factor
+        self.prompt = c.prompt_length(delay)
+        self.slots = list(range(n))
+        for s in self.slots:
+            runner.admit(s)
+        self.lm_pos = [self.prompt + a for a in ages_tokens]
+        self.delays = [delay] * n
+        g = torch.Generator().manual_seed(0)
+        self.mel = torch.randn(n, c.audio.num_mel_bins, c.streaming.mel_frames_per_token, generator=g).to(
+            runner.device, runner.dtype)
+        self.tokens = [33] * n
+        self.host_mel = [torch.randn(1520, dtype=torch.float32) for _ in range(n)]
+
+    def release(self) -> None:
+        for s in self.slots:
+            self.runner.release(s)
+
+    def step(self) -> None:
+        r = self.runner
+        # host front-end work of a real step: batched log-mel of each stream's new 80 ms
+        windows = torch.stack(self.host_mel)
+        mel = r.mel.from_padded(windows, 8).to(r.device, r.dtype)
+        r.encode(mel, self.slots, self.lm_pos)
+        ids = r.decode(self.slots, self.lm_pos, self.tokens, self.delays)
+        self.tokens = ids.tolist()  # the device -> host sync of a real step
+        self.lm_pos = [p + 1 for p in self.lm_pos]
+
+
+def time_steps(sim: SyntheticStreams, steps: int, warmup: int = 5) -> dict:
+    for _ in range(warmup):
+        sim.step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        sim.step()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"median_ms": 1e3 * statistics.median(times), "p99_ms": 1e3 * times[min(len(times) - 1, int(0.99 * len(times)))],
+            "mean_ms": 1e3 * statistics.fmean(times)}
+
+
+def bench_b1(model, bw: float, steps: int) -> dict:
+    runner = ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1, max_session_seconds=600))
+    sim = SyntheticStreams(runner, 1, [750])
+    t = time_steps(sim, steps)
+    # device time alone (no host front-end): events around encoder + LM graphs
+    s_ev, e_ev = torch.cuda.Event(True), torch.cuda.Event(True)
+    dev = []
+    for _ in range(50):
+        s_ev.record()
+        runner.encode(sim.mel, sim.slots, sim.lm_pos)
+        runner.decode(sim.slots, sim.lm_pos, sim.tokens, sim.delays)
+        e_ev.record()
+        e_ev.synchronize()
+        dev.append(s_ev.elapsed_time(e_ev))
+    sim.release()
+    floor_ms = weight_bytes(model) / bw * 1e3
+    return {**t, "device_median_ms": statistics.median(dev), "floor_ms": floor_ms,
+            "ratio_to_floor": t["median_ms"] / floor_ms, "device_ratio_to_floor": statistics.median(dev) / floor_ms}
+
+
+def bench_b2(model, counts: list[int], steps: int, session_s: float) -> tuple[list[dict], int]:
+    max_n = max(counts)
+    runner = ModelRunner(model, RunnerOptions(max_streams=max_n, max_batch=max_n, max_session_seconds=session_s))
+    rows, best = [], 0
+    session_tokens = int(session_s * 1000 / 80)
+    for n in counts:
+        ages = [int(session_tokens * (i + 0.5) / n) for i in range(n)]  # ages spread over the session
+        sim = SyntheticStreams(runner, n, ages)
+        t = time_steps(sim, steps)
+        sim.release()
+        rows.append({"streams": n, **t})
+        log.info("B2 %d streams: %s", n, t)
+        if t["p99_ms"] <= 40.0:
+            best = n
+    del runner
+    torch.cuda.empty_cache()
+    return rows, best
+
+
+def paced_run(model, tokenizer, n: int, seconds: float, session_s: float) -> dict:
+    """n streams fed at real time through the engine thread; per-token emission lag."""
+    from conftest import synthetic_audio
+    from realtime.engine import BatchedEngine
+    from realtime.serving import StreamToken
+
+    eng = BatchedEngine(model, tokenizer, opts=RunnerOptions(max_streams=n, max_batch=n, max_session_seconds=session_s))
+    lags: list[float] = []
+    lock = threading.Lock()
+    t_start = {}
+
+    def on_event(ev):
+        if isinstance(ev, StreamToken) and ev.token_id >= 0:
+            now = time.perf_counter()
+            # audio_end_ms of stream audio arrived at t_start + audio_end_ms (paced feeding)
+            with lock:
+                lags.append(now - (t_start[ev.stream_id] + ev.audio_end_ms / 1e3))
+
+    eng.start()
+    audio = synthetic_audio(seconds, seed=0)
+    sids = [eng.open_stream(on_event, delay_ms=480) for _ in range(n)]
+    t0 = time.perf_counter()
+    for s in sids:
+        t_start[s] = t0
+    tick = 1280
+    for k in range(0, audio.size, tick):
+        target = t0 + (k + tick) / 16000
+        while time.perf_counter() < target:
+            time.sleep(0.0005)
+        for s in sids:
+            eng.push_audio(s, audio[k: k + tick])
+    time.sleep(1.0)
+    eng.stop()
+    lags.sort()
+    st = eng.stats()
+    steps = sorted(st.step_seconds)
+    return {"streams": n, "seconds": seconds, "tokens": len(lags),
+            "lag_p50_ms": 1e3 * lags[len(lags) // 2] if lags else None,
+            "lag_p99_ms": 1e3 * lags[int(0.99 * (len(lags) - 1))] if lags else None,
+            "step_p50_ms": 1e3 * steps[len(steps) // 2] if steps else None,
+            "step_p99_ms": 1e3 * steps[int(0.99 * (len(steps) - 1))] if steps else None}
+
+
+def bench_b3(model, n_list: list[int], steps: int) -> list[dict]:
+    out = []
+    for n in n_list:
+        runner = ModelRunner(model, RunnerOptions(max_streams=n, max_batch=n))  # full LM window reserved
+        res = {"streams": n}
+        for label, age_s in (("1min", 60), ("60min", 3600)):
+            sim = SyntheticStreams(runner, n, [int(age_s * 12.5)] * n)
+            res[label] = time_steps(sim, steps)
+            sim.release()
+        res["growth"] = res["60min"]["median_ms"] / res["1min"]["median_ms"] - 1
+        out.append(res)
+        log.info("B3 %s", res)
+        del runner
+        torch.cuda.empty_cache()
+    return out
+
+
+def bench_b4(model_dir: Path, seconds: float, batches: list[int], ours: dict) -> list[dict]:
+    import transformers
+
+    from conftest import padded_for_offline, synthetic_audio
+
+    transformers.logging.set_verbosity_error()
+    hf = transformers.VoxtralRealtimeForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.bfloat16,
+                                                                             device_map="cuda").eval()
+    fe = transformers.VoxtralRealtimeFeatureExtractor()
+    padded = padded_for_offline(synthetic_audio(seconds, seed=2), 6)
+    rows = []
+    for b in batches:
+        feats = fe([padded] * b, sampling_rate=16000, return_tensors="pt").input_features.cuda().to(torch.bfloat16)
+        prompt = torch.tensor([[1] + [32] * 38] * b, device="cuda")
+        kw = dict(input_ids=prompt, input_features=feats, attention_mask=torch.ones_like(prompt), num_delay_tokens=6,
+                  do_sample=False)
+        with torch.no_grad():
+            hf.generate(**kw, max_new_tokens=8)  # warm-up
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = hf.generate(**kw)
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        steps = out.shape[1] - prompt.shape[1]
+        per_step = dt / steps * 1e3
+        ours_ms = ours.get(b)
+        rows.append({"batch": b, "transformers_step_ms": per_step, "transformers_per_stream_ms": per_step / b,
+                     "ours_step_ms": ours_ms, "ratio_ours_over_theirs": (ours_ms / per_step) if ours_ms else None})
+        log.info("B4 %s", rows[-1])
+    del hf
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", default="bench_engine.json")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--session-s", type=float, default=120.0)
+    ap.add_argument("--counts", default="1,8,32,64,128,192,256,320")
+    ap.add_argument("--paced-seconds", type=float, default=12.0)
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: b1,b2,paced,b3,b4")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    skip = set(filter(None, args.skip.split(",")))
+    torch.backends.cuda.matmul.allow_tf32 = True
+    report: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    bw = copy_bandwidth()
+    report["copy_bandwidth_GBps"] = bw / 1e9
+    report["matmul_bf16_TFLOPs"] = matmul_tflops()
+    model, _ = load_model(args.model, device="cuda", dtype=torch.bfloat16)
+    report["weight_GB"] = weight_bytes(model) / 1e9
+    enc_b, lm_b = kv_bytes_per_stream(model, RunnerOptions(max_session_seconds=args.session_s))
+    enc_full, lm_full = kv_bytes_per_stream(model, RunnerOptions())
+    free = torch.cuda.mem_get_info()[0]
+    report["memory"] = {
+        "encoder_kv_MB_per_stream": enc_b / 1e6, "lm_kv_MB_per_stream_session": lm_b / 1e6,
+        "session_s": args.session_s, "lm_kv_MB_per_stream_full_window": lm_full / 1e6,
+        "free_GB_after_weights": free / 1e9,
+        "admission_limit_session": int(0.92 * free // (enc_b + lm_b)),
+        "admission_limit_unbounded": int(0.92 * free // (enc_full + lm_full)),
+    }
+    log.info("memory %s", report["memory"])
+    if "b1" not in skip:
+        report["B1"] = bench_b1(model, bw, args.steps)
+        log.info("B1 %s", report["B1"])
+    counts = [int(x) for x in args.counts.split(",")]
+    counts = [n for n in counts if n <= report["memory"]["admission_limit_session"]]
+    if "b2" not in skip:
+        report["B2"], best = bench_b2(model, counts, args.steps, args.session_s)
+        report["B2_max_streams_p99_le_40ms"] = best
+        if "paced" not in skip and best:
+            from realtime.tokenizer import load_tokenizer
+
+            class _NoText:
+                vocab_size, num_control_tokens = 131072, 1000
+
+                def token_bytes(self, i):
+                    return b""
+
+            report["B2_paced"] = paced_run(model, _NoText(), best, args.paced_seconds, args.session_s)
+            log.info("paced %s", report["B2_paced"])
+    if "b3" not in skip:
+        report["B3"] = bench_b3(model, [1, 32], max(30, args.steps // 2))
+    if "b4" not in skip:
+        ours = {1: report.get("B1", {}).get("median_ms")}
+        for row in report.get("B2", []):
+            ours.setdefault(row["streams"], row["median_ms"])
+        del model
+        torch.cuda.empty_cache()
+        report["B4"] = bench_b4(Path(args.model), 10.0, [1, 8], ours)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
