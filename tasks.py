@@ -45,9 +45,7 @@ def main(argv: list[str]) -> int:
     if argv[0] == "test":
         cmd = [str(PY), "-m", "pytest", *argv[1:]]
     else:
-        # until the websocket server lands, "serve" transcribes the bundled sample offline
-        cmd = [str(PY), "-m", "realtime.transcribe", "--model", "default", "-v",
-               *(argv[1:] or [str(ROOT / "demo" / "samples" / "sample_en.wav")])]
+        cmd = [str(PY), "-m", "stream_server", "--model", "default", *argv[1:]]
     return subprocess.call(cmd, cwd=ROOT, env=env)
 
 

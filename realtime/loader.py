@@ -278,6 +278,7 @@ def load_model(model_dir: str | Path, *, device: str | torch.device = "cpu", dty
             except Exception as exc:  # safetensors raises SafetensorError / OSError on bad data
                 raise CheckpointError(f"{f.name}: cannot read tensor data (corrupt or truncated file?): {exc}") from exc
     model.eval()
+    model.prepare_for_inference()
     report = LoadReport(time.perf_counter() - t0, len(mapping), "mistral" if mistral else "transformers",
                         [f.name for f in files])
     logger.info("loaded %d tensors (%s layout) from %s in %.2fs", report.num_tensors, report.layout, d, report.seconds)

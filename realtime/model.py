@@ -18,6 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernels.fused_ops import add_rms_norm, rope, silu_mul
+
 from .config import DecoderConfig, EncoderConfig, ModelConfig
 
 
@@ -36,11 +38,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32, cast back, then scale: the reference's order of operations.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, scale: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight * rms_norm(x + residual) [* scale], x + residual).
+
+        Normalises in fp32, casts back, then scales: the reference's order of operations. Taking the
+        residual add and the delay scale here lets CUDA run the whole chain as one kernel.
+        """
+        return add_rms_norm(x, residual, self.weight, self.eps, scale)
 
 
 class FrequencyTable:
@@ -73,16 +78,6 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: FrequencyTable, dtype: torch
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, H, D]; cos/sin: [B, T, D] (rotate_half convention)."""
-    return x * cos[:, :, None, :] + _rotate_half(x) * sin[:, :, None, :]
-
-
 class Attention(nn.Module):
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, *, q_bias: bool, v_bias: bool,
                  o_bias: bool) -> None:
@@ -92,14 +87,36 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=v_bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=o_bias)
+        self._qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def fuse(self) -> None:
+        """One [q;k;v] matrix for inference; q/k/v weights become views of it (no extra memory)."""
+        w = torch.cat([self.q_proj.weight.data, self.k_proj.weight.data, self.v_proj.weight.data])
+        nq, nk = self.q_proj.out_features, self.k_proj.out_features
+        self.q_proj.weight.data, self.k_proj.weight.data, self.v_proj.weight.data = w[:nq], w[nq:nq + nk], w[nq + nk:]
+        b = None
+        if self.q_proj.bias is not None or self.v_proj.bias is not None:
+            zeros = lambda n: torch.zeros(n, device=w.device, dtype=w.dtype)  # noqa: E731
+            b = torch.cat([self.q_proj.bias.data if self.q_proj.bias is not None else zeros(nq), zeros(nk),
+                           self.v_proj.bias.data if self.v_proj.bias is not None else zeros(nk)])
+            if self.q_proj.bias is not None:
+                self.q_proj.bias.data = b[:nq]
+            if self.v_proj.bias is not None:
+                self.v_proj.bias.data = b[nq + nk:]
+        self._qkv = (w, b)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend,
                 layer: int) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self._qkv is not None and not torch.is_grad_enabled():  # training keeps separate leaves
+            nq, nk = self.heads * self.head_dim, self.kv_heads * self.head_dim
+            q, k, v = F.linear(x, *self._qkv).split([nq, nk, nk], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape(b, t, self.heads, self.head_dim)
+        k = k.reshape(b, t, self.kv_heads, self.head_dim)
+        v = v.reshape(b, t, self.kv_heads, self.head_dim)
+        q, k = rope(q, k, cos, sin)
         out = backend.attend(layer, q, k, v)
         return self.o_proj(out.reshape(b, t, self.heads * self.head_dim))
 
@@ -110,8 +127,17 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=down_bias)
+        self._gate_up: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        w = torch.cat([self.gate_proj.weight.data, self.up_proj.weight.data])
+        n = self.gate_proj.out_features
+        self.gate_proj.weight.data, self.up_proj.weight.data = w[:n], w[n:]
+        self._gate_up = w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._gate_up is not None and not torch.is_grad_enabled():
+            return self.down_proj(silu_mul(F.linear(x, self._gate_up)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -155,10 +181,12 @@ class EncoderLayer(nn.Module):
         self.final_layer_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, down_bias=True)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend,
-                layer: int) -> torch.Tensor:
-        x = x + self.self_attn(self.self_attn_layer_norm(x), cos, sin, backend, layer)
-        return x + self.mlp(self.final_layer_norm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                backend: AttentionBackend, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mlp output, residual stream): the caller adds them (fused into the next norm)."""
+        h, residual = self.self_attn_layer_norm(x, residual)
+        h, residual = self.final_layer_norm(self.self_attn(h, cos, sin, backend, layer), residual)
+        return self.mlp(h), residual
 
 
 class AudioEncoder(nn.Module):
@@ -173,10 +201,10 @@ class AudioEncoder(nn.Module):
     def forward(self, frames: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         """frames: [B, T, hidden] conv-stem output; positions: [B, T] encoder frame indices."""
         cos, sin = rope_cos_sin(positions, self.inv_freq, frames.dtype)
-        x = frames
+        x, residual = frames, None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, backend, i)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, backend, i)
+        return self.norm(x, residual)[0]
 
 
 class AudioAdapter(nn.Module):
@@ -234,11 +262,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.ada_rms_norm = DelayConditioning(c.hidden_size, c.ada_cond_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, t_cond: torch.Tensor,
-                backend: AttentionBackend, layer: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, layer)
-        h = self.post_attention_layernorm(x) * (1 + self.ada_rms_norm(t_cond))
-        return x + self.mlp(h)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                ada_scale: torch.Tensor, backend: AttentionBackend, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """ada_scale = 1 + ada_rms_norm(t_cond): the delay scale of this layer's MLP input."""
+        h, residual = self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, cos, sin, backend, layer), residual, ada_scale)
+        return self.mlp(h), residual
 
 
 class LanguageModel(nn.Module):
@@ -250,14 +279,21 @@ class LanguageModel(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta)
 
-    def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, t_cond: torch.Tensor,
-                backend: AttentionBackend) -> torch.Tensor:
-        """inputs_embeds: [B, T, H]; positions: [B, T]; t_cond: [B, T, H] or broadcastable."""
+    def ada_scales(self, t_cond: torch.Tensor) -> list[torch.Tensor]:
+        """Per-layer `1 + ada(t_cond)`: depends only on the delay, so engines tabulate it."""
+        return [1 + layer.ada_rms_norm(t_cond) for layer in self.layers]
+
+    def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, t_cond: torch.Tensor | None,
+                backend: AttentionBackend, ada_scales: list[torch.Tensor] | torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """inputs_embeds: [B, T, H]; positions: [B, T]; t_cond: [B, T, H] or broadcastable (or pass
+        precomputed `ada_scales`, one [B, T, H]-broadcastable tensor per layer)."""
         cos, sin = rope_cos_sin(positions, self.inv_freq, inputs_embeds.dtype)
-        x = inputs_embeds
+        scales = ada_scales if ada_scales is not None else self.ada_scales(t_cond)
+        x, residual = inputs_embeds, None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, t_cond, backend, i)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, scales[i], backend, i)
+        return self.norm(x, residual)[0]
 
 
 class VoxtralRealtime(nn.Module):
@@ -301,9 +337,34 @@ class VoxtralRealtime(nn.Module):
     def t_cond(self, delay_tokens: torch.Tensor) -> torch.Tensor:
         return delay_embedding(delay_tokens, self.delay_inv_freq, self.dtype)
 
-    def decode(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, t_cond: torch.Tensor,
-               backend: AttentionBackend) -> torch.Tensor:
-        return self.language_model(inputs_embeds, positions, t_cond, backend)
+    def decode(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, t_cond: torch.Tensor | None,
+               backend: AttentionBackend, ada_scales: list[torch.Tensor] | torch.Tensor | None = None
+               ) -> torch.Tensor:
+        return self.language_model(inputs_embeds, positions, t_cond, backend, ada_scales)
+
+    def fuse_projections(self) -> None:
+        """Fuse q/k/v and gate/up matrices for inference (call once, after weights are in place)."""
+        for m in self.modules():
+            if isinstance(m, (Attention, SwiGLU)):
+                m.fuse()
+
+    @torch.no_grad()
+    def prepare_for_inference(self, max_delay_tokens: int = 30) -> None:
+        """Fused projections, and the delay scales of every layer for every delay as one table.
+
+        `ada_table[l, d]` = 1 + ada_l(t_cond(d)): sessions and engines index it instead of running
+        two small matmuls per layer per step.
+        """
+        self.fuse_projections()
+        delays = torch.arange(max_delay_tokens + 1, device=self.device)
+        self.ada_table = torch.stack(self.language_model.ada_scales(self.t_cond(delays)))  # [L, D+1, H]
+
+    def ada_scales_for(self, delay_tokens: torch.Tensor) -> torch.Tensor | None:
+        """[L, 1, B, H] scales for per-row delays [B] (None when no table was prepared)."""
+        table = getattr(self, "ada_table", None)
+        if table is None:
+            return None
+        return table.index_select(1, delay_tokens.reshape(-1))[:, None]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.head_weight())

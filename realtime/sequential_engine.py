@@ -123,7 +123,6 @@ class SequentialEngine:
         with self._lock:
             st = EngineStats(self._stats.active_streams, self.max_streams, self._stats.steps,
                              list(self._stats.step_seconds), self._stats.tokens_emitted)
-            self._stats.step_seconds.clear()
         return st
 
     # -- engine thread -------------------------------------------------------------------------

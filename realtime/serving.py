@@ -66,8 +66,26 @@ class EngineStats:
     active_streams: int = 0
     max_streams: int = 0
     steps: int = 0
-    step_seconds: list[float] = field(default_factory=list)  # recent step durations (for histograms)
+    # durations of the most recent steps (at most 4096), the last being step number `steps`; stats() never
+    # clears them, so any number of readers can each fold in only the steps they have not seen
+    step_seconds: list[float] = field(default_factory=list)
     tokens_emitted: int = 0
+    # speculative decoding (all 0 when it is off); counters since the engine started
+    spec_rounds: int = 0  # verify steps of a stream that carried at least one draft
+    spec_drafted: int = 0  # draft tokens proposed
+    spec_accepted: int = 0  # draft tokens accepted by the target
+    spec_drafted_per_position: list[int] = field(default_factory=list)  # [i]: drafts at depth i
+    spec_accepted_per_position: list[int] = field(default_factory=list)  # [i]: accepted at depth i
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """accepted / drafted."""
+        return self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0
+
+    @property
+    def spec_mean_acceptance_length(self) -> float:
+        """Tokens per drafting verify step: 1 + accepted / rounds."""
+        return 1.0 + self.spec_accepted / self.spec_rounds if self.spec_rounds else 0.0
 
 
 class TranscriptionEngine(Protocol):

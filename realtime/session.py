@@ -64,7 +64,9 @@ class StreamingSession:
         self._audio: list[torch.Tensor] = []  # audio embeddings [1, H] for positions >= self._lm_pos
         self._audio_tokens_done = 0
         self._lm_pos = 0  # next LM position to run
-        self._t_cond = model.t_cond(torch.tensor([self.delay_tokens], device=self._device))[:, None, :]
+        delay_t = torch.tensor([self.delay_tokens], device=self._device)
+        self._t_cond = model.t_cond(delay_t)[:, None, :]
+        self._ada = model.ada_scales_for(delay_t)  # None unless the model prepared its delay table
         self._detok = IncrementalDetokenizer(tokenizer)
         self.user_samples = 0
         self.total_tokens: int | None = None  # known once finish() fixed the right padding
@@ -139,7 +141,7 @@ class StreamingSession:
         del self._audio[:n_positions]
         pos = torch.arange(p0, p0 + n_positions, device=self._device)[None]
         self._dec_cache.begin(pos)
-        hidden = self.model.decode(self.model.embed_tokens(ids) + audio, pos, self._t_cond, self._dec_cache)
+        hidden = self.model.decode(self.model.embed_tokens(ids) + audio, pos, self._t_cond, self._dec_cache, self._ada)
         next_id = int(self.model.logits(hidden[:, -1]).argmax(-1).item())
         self._lm_pos += n_positions
         return next_id

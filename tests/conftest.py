@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -74,3 +77,16 @@ def padded_for_offline(audio: np.ndarray, delay_tokens: int, left_tokens: int = 
     """The reference's offline padding: left pad, zeros to a whole token, then delay+11 tokens."""
     right = (-len(audio)) % spt + (delay_tokens + 11) * spt
     return np.concatenate([np.zeros(left_tokens * spt, np.float32), audio, np.zeros(right, np.float32)])
+
+
+def run_under_triton_interpreter(script: Path) -> dict[str, str]:
+    """Run a test module as a script with TRITON_INTERPRET=1 (it must be set before triton is
+    imported, so it cannot be switched on inside this process); the script prints one line
+    `RESULTS {json}` mapping check names to "ok" or a traceback."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]
+    if proc.returncode != 0 or not lines:
+        pytest.fail(f"interpreter subprocess failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return json.loads(lines[-1][len("RESULTS "):])

@@ -455,15 +455,9 @@ def _interpreter_main() -> None:
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str]:
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve())], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]
-    if proc.returncode != 0 or not lines:
-        pytest.fail(f"interpreter subprocess failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                    f"{proc.stderr[-5000:]}")
-    return json.loads(lines[-1][len("RESULTS "):])
+    from conftest import run_under_triton_interpreter
+
+    return run_under_triton_interpreter(Path(__file__).resolve())
 
 
 @pytest.mark.skipif(not kernels.HAVE_TRITON, reason="triton is not installed")

@@ -36,16 +36,22 @@ class PagedAttention:
 
 
 class PrefillAttention:
-    def __init__(self, cache: PagedKVCache, stream_slot: int, positions: torch.Tensor) -> None:
-        """positions: [T] of the new stream, starting at 0."""
+    """New streams' first chunks, [B, T] with the same positions 0..T-1 in every row."""
+
+    def __init__(self, cache: PagedKVCache, stream_slots: int | list[int], positions: torch.Tensor) -> None:
+        if isinstance(stream_slots, int):
+            stream_slots = [stream_slots]
         self.cache = cache
         self.mask = window_mask(positions[None], positions[None], cache.spec.window)
         # Only the newest positions that fit the ring are written: in a chunk longer than the ring,
         # older positions would share ring slots with newer ones (and are outside every window).
         keep = positions > positions[-1] - (cache.width - 1) * cache.spec.block_size
-        slots = cache.slot_mapping(torch.full_like(positions, stream_slot), positions)
-        self.slot_mapping = torch.where(keep, slots, torch.full_like(slots, -1))
+        slot_t = torch.tensor(stream_slots, device=positions.device, dtype=torch.int64)
+        slots = cache.slot_mapping(slot_t[:, None].expand(-1, positions.numel()), positions[None].expand(len(stream_slots), -1))
+        self.slot_mapping = torch.where(keep[None], slots, torch.full_like(slots, -1)).reshape(-1)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        write_kv(self.cache.k[layer], self.cache.v[layer], k[0], v[0], self.slot_mapping)
+        b, t = k.shape[:2]
+        write_kv(self.cache.k[layer], self.cache.v[layer], k.reshape(b * t, *k.shape[2:]),
+                 v.reshape(b * t, *v.shape[2:]), self.slot_mapping)
         return masked_attention(q, k, v, self.mask)

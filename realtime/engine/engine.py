@@ -13,6 +13,7 @@ device buffers and the streams' decoding state, and invokes event callbacks. Str
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -35,6 +36,7 @@ from ..serving import (
 from ..tokenizer import IncrementalDetokenizer, TextTokenizer
 from .model_runner import ModelRunner, RunnerOptions, kv_bytes_per_stream
 from .scheduler import Scheduler
+from .speculation import SpeculativeConfig, Speculator, runner_options_for
 from .stream import EngineStream
 
 logger = logging.getLogger(__name__)
@@ -51,11 +53,15 @@ class _Control:
 
 class BatchedEngine:
     def __init__(self, model: VoxtralRealtime, tokenizer: TextTokenizer, *, opts: RunnerOptions | None = None,
-                 model_name: str = "default", max_prefills_per_step: int = 4) -> None:
+                 model_name: str = "default", max_prefills_per_step: int = 16,
+                 speculative: SpeculativeConfig | None = None) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, model.config
         self.model_name = model_name
         self.opts = opts or RunnerOptions()
+        if speculative is not None:  # off by default; it needs a deeper audio cache ring
+            self.opts = runner_options_for(self.opts, speculative)
         self.runner = ModelRunner(model, self.opts)
+        self.speculator = Speculator(self.runner, speculative) if speculative is not None else None
         self.scheduler = Scheduler(self.opts.max_batch, max_prefills_per_step,
                                    self.config.streaming.mel_frames_per_token)
         enc_b, lm_b = kv_bytes_per_stream(model, self.opts)
@@ -72,6 +78,10 @@ class BatchedEngine:
 
     # -- interface (any thread) ------------------------------------------------------------------
     def start(self) -> None:
+        # Long-lived model and buffers never need collecting; freezing what is alive now keeps full GC
+        # passes (which would stall a step for tens of ms) short. stop() unfreezes.
+        gc.collect()
+        gc.freeze()
         if self._thread is None:
             self._stop = False
             self._thread = threading.Thread(target=self._loop, name="batched-engine", daemon=True)
@@ -84,6 +94,7 @@ class BatchedEngine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+            gc.unfreeze()
 
     def open_stream(self, on_event: EventCallback, *, delay_ms: int | None = None) -> int:
         c = self.config
@@ -136,20 +147,29 @@ class BatchedEngine:
                 self._wake.notify_all()
 
     def pending_audio_seconds(self, stream_id: int) -> float:
+        """Audio the engine owes this stream: not yet ingested, or decodable and not yet decoded.
+
+        The left padding and the look-ahead tail that waits for more audio are not owed work, so an
+        idle client never looks like a stalled engine."""
+        c = self.config
         with self._lock:
             ctl = self._controls.get(stream_id)
-            if ctl is None:
+            if ctl is None or ctl.stream.done:
                 return 0.0
             s = ctl.stream
-            # inbox + audio in the front-end not yet turned into tokens
-            undecoded = s.inbox_samples + s.mel.buffered_samples
-        return undecoded / self.config.audio.sampling_rate
+            ready = (s.mel.frames_done + s.mel.available()) // c.streaming.mel_frames_per_token
+            owed_tokens = max(0, ready - max(s.lm_pos, s.prompt_len - 1))
+            owed = s.inbox_samples + owed_tokens * c.samples_per_token
+        return owed / c.audio.sampling_rate
 
     def stats(self) -> EngineStats:
         with self._lock:
             st = EngineStats(sum(1 for c in self._controls.values() if not c.closed), self.opts.max_streams,
                              self._stats.steps, list(self._stats.step_seconds), self._stats.tokens_emitted)
-            self._stats.step_seconds.clear()
+            if self.speculator is not None:
+                m = self.speculator.metrics
+                st.spec_rounds, st.spec_drafted, st.spec_accepted = m.rounds, m.drafted, m.accepted
+                st.spec_drafted_per_position, st.spec_accepted_per_position = list(m.drafted_at), list(m.accepted_at)
         return st
 
     # -- engine thread ------------------------------------------------------------------------------
@@ -216,9 +236,21 @@ class BatchedEngine:
             return bool(ended)
         t0 = time.perf_counter()
         try:
-            first_ids = [self.runner.prefill(s) for s in plan.prefill]
+            groups: dict[int, list[EngineStream]] = {}
+            for s in plan.prefill:  # one batched prefill per prompt length (delay)
+                groups.setdefault(s.delay_tokens, []).append(s)
+            plan.prefill = [s for g in groups.values() for s in g]
+            first_ids = []
+            for g in groups.values():
+                first_ids.append(self.runner.prefill(g))
+                if self.speculator is not None:
+                    audio, hidden = self.runner.last_prefill
+                    for i, s in enumerate(g):
+                        self.speculator.prefill(s, audio[i], hidden[i])
             ids = None
-            if plan.decode:
+            if plan.decode and self.speculator is not None:
+                ids = self.speculator.step(plan.decode)  # look-ahead encoding, drafts, verify
+            elif plan.decode:
                 need_audio = [s for s in plan.decode if s.audio_done <= s.lm_pos]
                 if need_audio:
                     self.runner.encode_step(need_audio)
@@ -232,15 +264,28 @@ class BatchedEngine:
             return True
         dt = time.perf_counter() - t0
         n_pre = len(plan.prefill)
-        for i, (s, tok) in enumerate(zip(plan.prefill + plan.decode, host)):
-            s.lm_pos = s.prompt_len if i < n_pre else s.lm_pos + 1
+        if self.speculator is not None and plan.decode:
+            # per stream: its accepted drafts and the target's token after them
+            decoded = self.speculator.accept(plan.decode, host[n_pre:])
+        else:
+            decoded = [[tok] for tok in host[n_pre:]]
+        for s, tok in zip(plan.prefill, host[:n_pre]):
+            s.lm_pos = s.prompt_len
             self._emit_token(s, int(tok))
+        n_emitted = n_pre
+        for s, toks in zip(plan.decode, decoded):
+            for tok in toks:
+                s.lm_pos += 1
+                self._emit_token(s, int(tok))
+                n_emitted += 1
+                if s.is_finished():  # EOS among accepted tokens: nothing after it is kept
+                    break
         self._step += 1
         with self._lock:
             self._stats.steps += 1
             self._stats.step_seconds.append(dt)
             del self._stats.step_seconds[:-4096]
-            self._stats.tokens_emitted += len(host)
+            self._stats.tokens_emitted += n_emitted
         for s in plan.prefill + plan.decode:
             if s.is_finished() and not s.done:
                 self._end_stream(s)

@@ -122,6 +122,17 @@ class ModelRunner:
             self.graphs = DecodeGraphRunner(self._decode_forward, opts.max_batch, dev)
             self.graphs.capture()
 
+    def _h2d(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """Host list -> device tensor without stalling the host.
+
+        A copy from pageable memory waits for all queued GPU work first, which would keep the host
+        from preparing the LM step while the encoder runs; pinned memory makes the copy async (the
+        caching host allocator keeps the block alive until the copy is done)."""
+        t = torch.tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
+
     # -- admission -----------------------------------------------------------------------------
     def can_admit(self) -> bool:
         return self.enc_cache.can_admit() and self.lm_cache.can_admit()
@@ -142,7 +153,10 @@ class ModelRunner:
         windows = torch.stack([s.mel.window(frames) for s in streams])
         for s in streams:
             s.mel.advance(frames)
-        return self.mel.from_padded(windows, frames).to(self.device, self.dtype)  # [B, n_mels, frames]
+        mel = self.mel.from_padded(windows, frames)  # [B, n_mels, frames] float32, on the host
+        if self.device.type == "cuda":
+            mel = mel.pin_memory().to(self.device, non_blocking=True)
+        return mel.to(self.dtype)
 
     def _encode_forward(self, b: int) -> None:
         """Conv stem, encoder layers and adapter for the first `b` rows (graph-capturable)."""
@@ -172,15 +186,15 @@ class ModelRunner:
         b = len(slots)
         fpt = self.cfg.streaming.downsample_factor
         dev = self.device
-        slot_t = torch.tensor(slots, device=dev, dtype=torch.int64)
-        start = torch.tensor(audio_done, device=dev, dtype=torch.int32) * fpt
+        slot_t = self._h2d(slots, torch.int64)
+        start = self._h2d(audio_done, torch.int32) * fpt
         pos = (start[:, None] + torch.arange(fpt, device=dev, dtype=torch.int32)).reshape(-1)
         self.enc_mel[:b] = mel
         self.enc_slots[:b] = slot_t
         self.enc_pos[: b * fpt] = pos
         self.enc_slot_mapping[: b * fpt] = self.enc_cache.slot_mapping(slot_t.repeat_interleave(fpt), pos)
         torch.index_select(self.enc_cache.tables, 0, slot_t, out=self.enc_tables[:b])
-        self.enc_rows[:b] = slot_t * self.cache_len + torch.tensor(audio_done, device=dev) % self.cache_len
+        self.enc_rows[:b] = slot_t * self.cache_len + self._h2d(audio_done, torch.int64) % self.cache_len
         if self.enc_graphs is not None:
             run_b = self.enc_graphs.bucket(b)
             self._set_encoder_padding(b, run_b)
@@ -198,37 +212,43 @@ class ModelRunner:
 
     # -- prefill -------------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, s: EngineStream) -> torch.Tensor:
-        """Prompt of a new stream: P audio tokens through the encoder, P positions through the LM.
-
-        Returns the first generated token id (a 0-d device tensor).
-        """
-        p = s.prompt_len
+    def prefill(self, streams: list[EngineStream]) -> torch.Tensor:
+        """Prompts of new streams with the same delay, as one batch: P audio tokens through the
+        encoder, P positions through the LM. Returns the first generated token ids [B] (device)."""
+        p = streams[0].prompt_len
+        assert all(s.prompt_len == p and s.delay_tokens == streams[0].delay_tokens for s in streams)
+        b = len(streams)
         fpt = self.cfg.streaming.downsample_factor
         dev = self.device
-        mel = self._mel_batch([s], p)
-        state = (self.conv1_state[s.slot: s.slot + 1], self.conv2_state[s.slot: s.slot + 1])
+        slots = [s.slot for s in streams]
+        slot_t = torch.tensor(slots, device=dev, dtype=torch.int64)
+        mel = self._mel_batch(streams, p)
+        state = (self.conv1_state.index_select(0, slot_t), self.conv2_state.index_select(0, slot_t))
         frames, (s1, s2) = self.model.audio_tower.embedder(mel, state)
-        self.conv1_state[s.slot] = s1[0]
-        self.conv2_state[s.slot] = s2[0]
+        self.conv1_state.index_copy_(0, slot_t, s1)
+        self.conv2_state.index_copy_(0, slot_t, s2)
         enc_pos = torch.arange(p * fpt, device=dev)
-        hidden = self.model.audio_tower(frames, enc_pos[None], PrefillAttention(self.enc_cache, s.slot, enc_pos))
-        audio = self.model.multi_modal_projector(hidden)  # [1, P, H]
-        s.audio_done = p
-        ids = torch.tensor([s.prompt], device=dev)
+        hidden = self.model.audio_tower(frames, enc_pos[None].expand(b, -1), PrefillAttention(self.enc_cache, slots, enc_pos))
+        audio = self.model.multi_modal_projector(hidden)  # [B, P, H]
+        for s in streams:
+            s.audio_done = p
+        ids = torch.tensor([s.prompt for s in streams], device=dev)
         pos = torch.arange(p, device=dev)
-        t_cond = self.model.t_cond(torch.tensor([s.delay_tokens], device=dev))[:, None, :]
-        out = self.model.decode(self.model.embed_tokens(ids) + audio, pos[None], t_cond,
-                                PrefillAttention(self.lm_cache, s.slot, pos))
-        return self.model.logits(out[0, -1]).argmax(-1)
+        delay = torch.tensor([streams[0].delay_tokens], device=dev)
+        out = self.model.decode(self.model.embed_tokens(ids) + audio, pos[None].expand(b, -1),
+                                self.model.t_cond(delay)[:, None, :], PrefillAttention(self.lm_cache, slots, pos),
+                                self.model.ada_scales_for(delay))
+        self.last_prefill = (audio, out)  # [B, P, H] each: the drafter's prompt needs both
+        return self.model.logits(out[:, -1]).argmax(-1)
 
     # -- LM decode step ------------------------------------------------------------------------
     def _decode_forward(self, b: int) -> None:
         """The LM step over the first `b` rows of the persistent buffers (graph-capturable)."""
         backend = PagedAttention(self.lm_cache, self.slot_mapping[:b], self.block_tables[:b], self.seq_ids[:b],
                                  self.positions[:b])
-        t_cond = self.model.t_cond(self.delays[:b])[None]
-        hidden = self.model.decode(self.inputs_embeds[None, :b], self.positions[None, :b], t_cond, backend)
+        ada = self.model.ada_scales_for(self.delays[:b])
+        t_cond = None if ada is not None else self.model.t_cond(self.delays[:b])[None]
+        hidden = self.model.decode(self.inputs_embeds[None, :b], self.positions[None, :b], t_cond, backend, ada)
         self.next_ids[:b] = self.model.logits(hidden[0]).argmax(-1)
 
     def _set_padding(self, start: int, end: int) -> None:
@@ -250,12 +270,12 @@ class ModelRunner:
     def decode(self, slots_l: list[int], positions: list[int], tokens: list[int], delays: list[int]) -> torch.Tensor:
         b = len(slots_l)
         dev = self.device
-        slots = torch.tensor(slots_l, device=dev, dtype=torch.int64)
-        pos = torch.tensor(positions, device=dev, dtype=torch.int32)
-        self.token_ids[:b] = torch.tensor(tokens, device=dev)
+        slots = self._h2d(slots_l, torch.int64)
+        pos = self._h2d(positions, torch.int32)
+        self.token_ids[:b] = self._h2d(tokens, torch.int64)
         self.audio_rows[:b] = slots * self.cache_len + pos.long() % self.cache_len
         self.positions[:b] = pos
-        self.delays[:b] = torch.tensor(delays, device=dev, dtype=torch.int32)
+        self.delays[:b] = self._h2d(delays, torch.int32)
         self.slot_mapping[:b] = self.lm_cache.slot_mapping(slots, pos)
         torch.index_select(self.lm_cache.tables, 0, slots, out=self.block_tables[:b])
         run_b = self.graphs.bucket(b) if self.graphs is not None else b

@@ -1,0 +1,181 @@
+"""Speculative decoding benchmark (issue 5): offline speed-up, end-of-stream flush latency, acceptance.
+
+    python benchmarks/bench_speculative.py --target DIR --drafter DIR [--audio FILES...] --out bench_spec.json
+        [--k 4] [--batches 1 16 64] [--clip-seconds 60] [--text-only-drafter DIR] [--device cuda --dtype bf16]
+
+S1  offline transcription (every clip pushed whole and finished, the engine driven flat out) at
+    each batch size, without and with speculation: wall time, real-time factor, speed-up, steps,
+    whether the outputs are token-identical, acceptance rate / mean acceptance length / per
+    position.
+S2  end-of-stream flush: streams fed live (one 80 ms token per step) then finished; time from
+    finish to the final event, without and with speculation (the delay + 11 right-pad tokens
+    become decodable at once), at batch 1 and the largest batch.
+S3  (optional) the same offline run with a text-only drafter: the value of the audio look-ahead.
+
+Targets from the issue: >= 3x offline speed-up at batch 1 with mean acceptance length >= 4 (for a
+drafter trained on the trained small default model). Clips come from --audio (cycled and cut or
+repeated to --clip-seconds) or, without files, from the synthetic test signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from realtime.audio import load_audio_file
+from realtime.engine import BatchedEngine, RunnerOptions
+from realtime.engine.offline import run_engine_offline
+from realtime.engine.speculation import SpeculativeConfig
+from realtime.model_store import load_model_and_tokenizer
+from realtime.serving import StreamDone, StreamFailed
+from speculative.drafter import load_drafter
+
+log = logging.getLogger("bench_speculative")
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def make_clips(files: list[str], n: int, seconds: float, rate: int) -> list[np.ndarray]:
+    if files:
+        pool = [load_audio_file(f, rate) for f in files]
+    else:
+        from conftest import synthetic_audio
+
+        pool = [synthetic_audio(seconds, seed=1000 + i) for i in range(min(n, 8))]
+    want = int(seconds * rate)
+    clips = []
+    for i in range(n):
+        a = pool[i % len(pool)]
+        reps = -(-want // max(1, a.size))
+        clips.append(np.tile(a, reps)[:want].astype(np.float32))
+    return clips
+
+
+def acceptance(st) -> dict:
+    return {"acceptance_rate": st.spec_acceptance_rate, "mean_acceptance_length": st.spec_mean_acceptance_length,
+            "rounds": st.spec_rounds, "drafted": st.spec_drafted, "accepted": st.spec_accepted,
+            "per_position_acceptance": [a / d if d else 0.0 for a, d in
+                                        zip(st.spec_accepted_per_position, st.spec_drafted_per_position)]}
+
+
+def offline(model, tok, clips, opts, spec) -> tuple[dict, list[list[int]]]:
+    eng = BatchedEngine(model, tok, opts=opts, speculative=spec)  # graphs captured here, not timed
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    run = run_engine_offline(eng, clips)
+    secs = sum(c.size for c in clips) / model.config.audio.sampling_rate
+    out = {"audio_seconds": secs, "wall_seconds": run.seconds, "x_real_time": secs / run.seconds,
+           "steps": run.steps, "tokens": run.stats.tokens_emitted}
+    if spec is not None:
+        out.update(acceptance(run.stats))
+    return out, [r.token_ids for r in run.results]
+
+
+def flush_latency(model, tok, clips, opts, spec) -> dict:
+    """Live feeding (one token of audio per step), then finish: seconds from finish to done."""
+    eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
+    spt = model.config.samples_per_token
+    done: dict[int, float] = {}
+
+    def on_event(ev):
+        if isinstance(ev, (StreamDone, StreamFailed)):
+            done[ev.stream_id] = time.perf_counter()
+
+    sids = [eng.open_stream(on_event) for _ in clips]
+    n_tok = max(c.size for c in clips) // spt
+    for t in range(n_tok):
+        for sid, c in zip(sids, clips):
+            eng.push_audio(sid, c[t * spt: (t + 1) * spt])
+        eng._run_step(eng._sync_with_clients())
+    for _ in range(4):  # drain: every stream caught up to its audio
+        eng._run_step(eng._sync_with_clients())
+    steps0 = eng._step
+    t0 = time.perf_counter()
+    for sid in sids:
+        eng.finish_stream(sid)
+    while len(done) < len(sids):
+        eng._run_step(eng._sync_with_clients())
+    lat = [done[s] - t0 for s in sids]
+    return {"streams": len(sids), "flush_seconds_max": max(lat), "flush_seconds_mean": sum(lat) / len(lat),
+            "flush_steps": eng._step - steps0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--drafter", required=True)
+    ap.add_argument("--text-only-drafter", default=None, help="a drafter trained with --text-only (ablation S3)")
+    ap.add_argument("--audio", nargs="*", default=[])
+    ap.add_argument("--out", default="bench_speculative.json")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--clip-seconds", type=float, default=60.0)
+    ap.add_argument("--flush-clip-seconds", type=float, default=10.0)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=sorted(_DTYPES), default=None)
+    ap.add_argument("--no-cuda-graphs", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
+    if args.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False
+    model, tok = load_model_and_tokenizer(args.target, device=args.device, dtype=dtype)
+    emb = model.language_model.embed_tokens.weight
+    drafter = load_drafter(args.drafter, target_embedding=emb, device=args.device, dtype=dtype)
+    spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k)
+    rate = model.config.audio.sampling_rate
+    graphs = not args.no_cuda_graphs
+    report: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
+                    "target": args.target, "drafter": args.drafter, "k": args.k, "dtype": str(dtype),
+                    "cuda_graphs": graphs, "clip_seconds": args.clip_seconds, "offline": {}, "flush": {}}
+
+    for b in args.batches:
+        clips = make_clips(args.audio, b, args.clip_seconds, rate)
+        opts = RunnerOptions(max_streams=b, max_batch=b, cuda_graphs=graphs, max_step_tokens=max(8, args.k + 1))
+        base, base_tokens = offline(model, tok, clips, opts, None)
+        with_spec, spec_tokens = offline(model, tok, clips, opts, spec)
+        row = {"without": base, "with": with_spec, "speedup": base["wall_seconds"] / with_spec["wall_seconds"],
+               "identical_outputs": sum(a == b_ for a, b_ in zip(base_tokens, spec_tokens)), "clips": b}
+        if args.text_only_drafter:
+            text_drafter = load_drafter(args.text_only_drafter, target_embedding=emb, device=args.device, dtype=dtype)
+            text_only, _ = offline(model, tok, clips, opts, SpeculativeConfig(text_drafter, num_speculative_tokens=args.k))
+            row["text_only_drafter"] = text_only
+            row["speedup_text_only"] = base["wall_seconds"] / text_only["wall_seconds"]
+        report["offline"][str(b)] = row
+        log.info("offline batch %d: %.1fx -> %.1fx real time (speed-up %.2f), acceptance %.3f, mean length %.2f, "
+                 "identical %d/%d", b, base["x_real_time"], with_spec["x_real_time"], row["speedup"],
+                 with_spec["acceptance_rate"], with_spec["mean_acceptance_length"], row["identical_outputs"], b)
+
+    for b in sorted({1, max(args.batches)}):
+        clips = make_clips(args.audio, b, args.flush_clip_seconds, rate)
+        opts = RunnerOptions(max_streams=b, max_batch=b, cuda_graphs=graphs, max_step_tokens=max(8, args.k + 1))
+        report["flush"][str(b)] = {"without": flush_latency(model, tok, clips, opts, None),
+                                   "with": flush_latency(model, tok, clips, opts, spec)}
+        f = report["flush"][str(b)]
+        log.info("flush batch %d: %.1f ms (%d steps) -> %.1f ms (%d steps)", b,
+                 1e3 * f["without"]["flush_seconds_max"], f["without"]["flush_steps"],
+                 1e3 * f["with"]["flush_seconds_max"], f["with"]["flush_steps"])
+
+    b1 = report["offline"].get("1")
+    if b1:
+        report["targets"] = {"speedup_batch1": b1["speedup"], "speedup_batch1_ok": b1["speedup"] >= 3.0,
+                             "mean_acceptance_length": b1["with"]["mean_acceptance_length"],
+                             "mean_acceptance_length_ok": b1["with"]["mean_acceptance_length"] >= 4.0}
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(json.dumps(report.get("targets", {}), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""Triton kernels of `fused_ops` (semantics and rounding order: see fused_ops.py)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, scale_ptr, y_ptr, res_out_ptr, n_cols, eps,
+                         sx, sr, ss, sy, so,
+                         HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < n_cols
+    dt = y_ptr.dtype.element_ty
+    h = tl.load(x_ptr + row * sx + cols, mask=m, other=0.0)
+    if HAS_RES:
+        r = tl.load(res_ptr + row * sr + cols, mask=m, other=0.0)
+        h = (h.to(tl.float32) + r.to(tl.float32)).to(dt)  # the residual stream lives in the model dtype
+        tl.store(res_out_ptr + row * so + cols, h, mask=m)
+    hf = h.to(tl.float32)
+    var = tl.sum(hf * hf, axis=0) / n_cols
+    y = (hf * (1.0 / tl.sqrt(var + eps))).to(dt)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0)
+    y = (w.to(tl.float32) * y.to(tl.float32)).to(dt)
+    if HAS_SCALE:
+        s = tl.load(scale_ptr + row * ss + cols, mask=m, other=0.0)
+        y = (y.to(tl.float32) * s.to(tl.float32)).to(dt)
+    tl.store(y_ptr + row * sy + cols, y, mask=m)
+
+
+def launch_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                        scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    n = x.shape[-1]
+
+    def rows_of(t: torch.Tensor) -> torch.Tensor:  # [rows, n] with unit stride along n
+        t2 = t.reshape(-1, n)
+        return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+    x2 = rows_of(x)
+    rows = x2.shape[0]
+    y = torch.empty(rows, n, device=x.device, dtype=x.dtype)
+    res_out = torch.empty_like(y) if residual is not None else x2
+    r2 = rows_of(residual) if residual is not None else x2
+    s2 = rows_of(scale.expand(*x.shape[:-1], n)) if scale is not None else x2
+    if rows:
+        _add_rms_norm_kernel[(rows,)](x2, r2, weight, s2, y, res_out, n, eps,
+                                     x2.stride(0), r2.stride(0), s2.stride(0), y.stride(0), res_out.stride(0),
+                                     HAS_RES=residual is not None, HAS_SCALE=scale is not None,
+                                     BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8)
+    out_res = res_out.view(x.shape) if residual is not None else x
+    return y.view(x.shape), out_res
+
+
+@triton.jit
+def _rope_kernel(x_ptr, y_ptr, cos_ptr, sin_ptr, n_heads, sxt, sxh, syt, syh, sc,
+                 HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    """One program per (token, block of heads): y = x*cos + rotate_half(x)*sin, rounded like eager."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, HALF)
+    hm = h < n_heads
+    m = hm[:, None]
+    dt = y_ptr.dtype.element_ty
+    base = x_ptr + t * sxt + h[:, None] * sxh
+    x1 = tl.load(base + d[None, :], mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(base + HALF + d[None, :], mask=m, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_ptr + t * sc + d).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + t * sc + HALF + d).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + t * sc + d).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + t * sc + HALF + d).to(tl.float32)[None, :]
+    # eager: (x*cos) and (rotate_half(x)*sin) are each rounded to the dtype before the add
+    y1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
+    y2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
+    out = y_ptr + t * syt + h[:, None] * syh
+    tl.store(out + d[None, :], y1, mask=m)
+    tl.store(out + HALF + d[None, :], y2, mask=m)
+
+
+def _rope_one(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
+    t_all = x.shape[0] * x.shape[1]
+    heads, d = x.shape[2], x.shape[3]
+    x3 = x.reshape(t_all, heads, d)
+    if x3.stride(2) != 1:
+        x3 = x3.contiguous()
+    y = torch.empty(t_all, heads, d, device=x.device, dtype=x.dtype)
+    block_h = min(16, triton.next_power_of_2(heads))
+    if t_all:
+        _rope_kernel[(t_all, triton.cdiv(heads, block_h))](x3, y, cos2, sin2, heads, x3.stride(0), x3.stride(1),
+                                                           y.stride(0), y.stride(1), cos2.stride(0),
+                                                           HALF=d // 2, BLOCK_H=block_h, num_warps=2)
+    return y.view(x.shape)
+
+
+def launch_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    d = q.shape[-1]
+    cos2 = cos.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
+    sin2 = sin.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
+    return _rope_one(q, cos2, sin2), _rope_one(k, cos2, sin2)
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, y_ptr, n_cols, sx, sy, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < n_cols
+    dt = y_ptr.dtype.element_ty
+    g = tl.load(x_ptr + row * sx + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + row * sx + n_cols + cols, mask=m, other=0.0).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(dt)  # eager rounds silu(gate) before the product
+    tl.store(y_ptr + row * sy + cols, (act.to(tl.float32) * u).to(dt), mask=m)
+
+
+def launch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    n2 = gate_up.shape[-1]
+    n = n2 // 2
+    x2 = gate_up.reshape(-1, n2)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty(x2.shape[0], n, device=gate_up.device, dtype=gate_up.dtype)
+    block = 1024
+    if x2.shape[0]:
+        _silu_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, y, n, x2.stride(0), y.stride(0), BLOCK=block)
+    return y.view(*gate_up.shape[:-1], n)

@@ -1,0 +1,168 @@
+"""Offline transcription of whole files through the batched engine (optionally speculative).
+
+The engine is driven synchronously in the calling thread (no engine thread, no pacing): every
+file is pushed at once and finished, so each stream has its whole audio buffered, which is the
+case speculation speeds up most (one verify step accepts several tokens). Files beyond
+`max_streams` wait for a free slot. Output tokens equal `realtime.session.transcribe`'s.
+
+    python -m realtime.engine.offline --model DIR [--drafter DIR --k 4] [--device cuda --dtype bf16] FILE...
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..audio import AudioError, as_mono_float32
+from ..model import VoxtralRealtime
+from ..serving import EngineStats, StreamDone, StreamEvent, StreamFailed, StreamToken
+from ..session import TranscriptionResult
+from ..tokenizer import TextTokenizer
+from .engine import BatchedEngine
+from .model_runner import RunnerOptions
+from .speculation import SpeculativeConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OfflineRun:
+    results: list[TranscriptionResult]
+    seconds: float
+    steps: int
+    stats: EngineStats
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.texts: list[str] = []
+        self.done: StreamDone | StreamFailed | None = None
+
+    def __call__(self, ev: StreamEvent) -> None:
+        if isinstance(ev, StreamToken):
+            if ev.token_id >= 0:
+                self.tokens.append(ev.token_id)
+            self.texts.append(ev.text)
+        else:
+            self.done = ev
+
+
+def run_engine_offline(engine: BatchedEngine, audios: Sequence[np.ndarray], *, delay_ms: int | None = None,
+                       max_steps: int = 10_000_000) -> OfflineRun:
+    """Transcribe `audios` (16 kHz mono float32) on an engine that is not running its own thread."""
+    if engine._thread is not None:
+        raise RuntimeError("run_engine_offline drives the engine itself: do not start() it")
+    clips = [as_mono_float32(a) for a in audios]
+    for i, a in enumerate(clips):
+        if a.size == 0:
+            raise AudioError(f"audio #{i} is empty: nothing to transcribe")
+    waiting = deque(range(len(clips)))
+    open_: dict[int, tuple[int, _Collector]] = {}  # clip index -> (stream id, collector)
+    results: dict[int, TranscriptionResult] = {}
+    prompt_len = engine.config.prompt_length(engine.config.delay_tokens(delay_ms))
+    steps0 = engine._step
+    t0 = time.perf_counter()
+    for _ in range(max_steps):
+        while waiting and engine._free_slots:
+            i = waiting.popleft()
+            col = _Collector()
+            sid = engine.open_stream(col, delay_ms=delay_ms)
+            engine.push_audio(sid, clips[i])
+            engine.finish_stream(sid)
+            open_[i] = (sid, col)
+        for i, (sid, col) in list(open_.items()):
+            if col.done is not None:
+                engine.close_stream(sid)
+                del open_[i]
+                if isinstance(col.done, StreamFailed):
+                    raise RuntimeError(f"audio #{i} failed: {col.done.message}")
+                results[i] = TranscriptionResult(col.done.text, col.tokens, [], prompt_len)
+        if not waiting and not open_:
+            break
+        # the engine loop body, in this thread (same package: the engine's own step functions)
+        engine._run_step(engine._sync_with_clients())
+    else:
+        raise RuntimeError(f"offline run did not finish in {max_steps} steps")
+    engine._sync_with_clients()  # process the closes: slots and KV back
+    return OfflineRun([results[i] for i in range(len(clips))], time.perf_counter() - t0, engine._step - steps0,
+                      engine.stats())
+
+
+def transcribe_batch(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: Sequence[np.ndarray], *,
+                     delay_ms: int | None = None, opts: RunnerOptions | None = None,
+                     speculative: SpeculativeConfig | None = None) -> OfflineRun:
+    """Transcribe several clips at once on a fresh batched engine."""
+    if opts is None:
+        n = max(1, min(len(audios), 64))
+        opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=model.device.type == "cuda")
+    engine = BatchedEngine(model, tokenizer, opts=opts, speculative=speculative)
+    return run_engine_offline(engine, audios, delay_ms=delay_ms)
+
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from speculative.drafter import load_drafter
+
+    from ..audio import load_audio_file
+    from ..config import ConfigError
+    from ..loader import CheckpointError
+    from ..model_store import load_model_and_tokenizer
+    from ..tokenizer import TokenizerError
+
+    ap = argparse.ArgumentParser(description="Offline transcription of files on the batched engine.")
+    ap.add_argument("--model", default="default", help="checkpoint folder, or 'default'")
+    ap.add_argument("--drafter", default=None, help="Eagle drafter folder: turns speculative decoding on")
+    ap.add_argument("--k", type=int, default=4, help="draft tokens per step (speculation)")
+    ap.add_argument("--delay-ms", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=16, help="streams decoded together")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("files", nargs="+")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
+    try:
+        model, tok = load_model_and_tokenizer(args.model, device=args.device, dtype=dtype)
+        spec = None
+        if args.drafter:
+            drafter = load_drafter(args.drafter, target_embedding=model.language_model.embed_tokens.weight,
+                                   device=args.device, dtype=dtype)
+            spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k)
+        audios = [load_audio_file(f, model.config.audio.sampling_rate) for f in args.files]
+        n = max(1, min(args.batch, len(audios)))
+        opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=not args.no_cuda_graphs,
+                             max_step_tokens=max(8, args.k + 1))
+        run = transcribe_batch(model, tok, audios, delay_ms=args.delay_ms, opts=opts, speculative=spec)
+    except (AudioError, ConfigError, CheckpointError, TokenizerError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for f, r in zip(args.files, run.results):
+        print(f"{f}\t{r.text.strip()}")
+    secs = sum(a.size for a in audios) / model.config.audio.sampling_rate
+    st = run.stats
+    print(f"{secs:.1f} s of audio in {run.seconds:.2f} s ({secs / max(run.seconds, 1e-9):.1f}x real time), "
+          f"{run.steps} steps, {st.tokens_emitted} tokens", file=sys.stderr)
+    if spec is not None:
+        print(f"speculation: acceptance rate {st.spec_acceptance_rate:.3f}, mean acceptance length "
+              f"{st.spec_mean_acceptance_length:.2f}, per position "
+              f"{[round(a / d, 3) if d else 0 for a, d in zip(st.spec_accepted_per_position, st.spec_drafted_per_position)]}",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,443 @@
+"""Lossless speculative decoding in the batched engine: Eagle drafts with audio, one verify step.
+
+Off by default (`BatchedEngine(..., speculative=SpeculativeConfig(drafter))` turns it on). When on,
+every decode step of every scheduled stream goes through `Speculator.step`:
+
+1. Look-ahead encoding (`lookahead.LookaheadEncoder`): streams with buffered audio get several
+   audio tokens encoded per step, so the embeddings of positions p .. p+k are in the encoder
+   cache ring (`audio_cache`, sized here: `runner_options_for`).
+2. Drafter catch-up: the drafter's KV is made exact up to p, feeding it the target's hidden
+   states of the positions accepted last step (kept in `stash`), whether or not the stream drafts
+   now; its last row proposes token p+1.
+3. Draft chain: k_s - 1 more single-position drafter steps; step j reads the audio embedding of
+   its own position p+j (never past the audio received: k_s <= decodable tokens - 1).
+4. Verify: the target runs positions p .. p+k_s of every stream in one flattened batch (live
+   streams: 1 row; catching-up streams: k_s + 1 rows) and its greedy argmax decides.
+5. `accept` (host): accepted prefix of the drafts + the target's token after it (the bonus).
+
+Why rollback is free: KV entries the target or the drafter wrote at rejected positions are never
+read: a query at position q reads keys at positions <= q, and every position >= the new
+`lm_pos` is rewritten by the next step before any query at or beyond it runs (the verify/draft
+step writes its keys before attending). The rings are sized for `max_step_tokens` >= k + 1
+queries per step, so a rejected write never lands on a slot a later query still needs.
+
+Lossless: the emitted tokens are the target's own greedy argmaxes at positions whose inputs are
+all target-chosen tokens, so they equal non-speculative decoding (up to floating-point
+differences between batch shapes, as for any batching).
+
+CUDA graphs (when `RunnerOptions.cuda_graphs` and CUDA): catch-up (bucketed by rows), draft chain
+(bucketed by drafting streams, all k-1 steps in one graph) and verify (bucketed by rows) are
+captured on padding rows of persistent buffers, like the decode graphs. A step's index metadata
+(positions, slot mappings computed on the host from host copies of the rings, cache rows, block
+tables) arrives in one host-to-device copy per dtype (`staging`); the target's input merge (drafts
+into the tokens, gather-add) runs before the verify replay. Eager work per step: that copy, three
+small kernels and the gather-add.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import torch
+
+from kernels.gather_add import gather_add_embeddings
+from speculative.capability import drafter_receives_audio  # the capability contract (torch-only module)
+
+from ..model import VoxtralRealtime
+from .attention import PagedAttention, PrefillAttention
+from .cuda_graph import DecodeGraphRunner
+from .kv_cache import CacheSpec, PagedKVCache
+from .lookahead import LookaheadEncoder, chunk_sizes, host_slot_mapping
+from .model_runner import ModelRunner, RunnerOptions
+from .staging import Field, StepMetadata
+from .stream import EngineStream
+
+if TYPE_CHECKING:
+    from speculative.drafter import EagleModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    drafter: EagleModel
+    num_speculative_tokens: int = 4  # k: most drafts per stream per step (k + 1 <= max_step_tokens)
+    min_buffered_tokens: int = 2  # speculate when at least this many audio tokens are decodable
+    lookahead_chunk: int | None = None  # audio tokens per look-ahead encoder call (None: largest allowed)
+
+    def chunk(self, opts: RunnerOptions) -> int:
+        top = chunk_sizes(opts.max_step_tokens)[0]
+        return top if self.lookahead_chunk is None else chunk_sizes(min(self.lookahead_chunk, top))[0]
+
+
+def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOptions:
+    """Runner options that speculation needs: an audio cache ring deep enough for look-ahead.
+
+    A step reads audio rows of positions prev+1 .. p+k (prev: last step's p, p - prev <= k+1) and
+    the look-ahead writes up to `chunk` more beyond p+k: 2k + chunk rows must be distinct.
+    """
+    k = cfg.num_speculative_tokens
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+    if k + 1 > opts.max_step_tokens:
+        raise ValueError(f"num_speculative_tokens {k} needs RunnerOptions.max_step_tokens >= {k + 1} "
+                         f"(the KV rings are sized for that many positions per step), got {opts.max_step_tokens}")
+    if cfg.min_buffered_tokens < 2:
+        raise ValueError(f"min_buffered_tokens must be >= 2, got {cfg.min_buffered_tokens}")
+    need = 2 * k + cfg.chunk(opts)
+    return opts if opts.encoder_cache_tokens >= need else replace(opts, encoder_cache_tokens=need)
+
+
+class RealtimeTarget:
+    """The batched engine's target model as the capability check sees it: its encoder cache holds
+    one audio embedding per LM position, so it produces multimodal embeddings."""
+
+    produces_multimodal_embeddings: ClassVar[bool] = True
+
+    def __init__(self, model: VoxtralRealtime) -> None:
+        self.model = model
+
+
+@dataclass
+class SpeculationMetrics:
+    k: int
+    rounds: int = 0  # verify steps of a stream with at least one draft
+    drafted: int = 0
+    accepted: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # drafts made at depth i (0-based)
+    accepted_at: list[int] = field(default_factory=list)  # ... of which accepted
+
+    def __post_init__(self) -> None:
+        self.drafted_at = self.drafted_at or [0] * self.k
+        self.accepted_at = self.accepted_at or [0] * self.k
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verify round that drafted: 1 (the target's own) + accepted drafts."""
+        return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    def as_dict(self) -> dict:
+        return {"k": self.k, "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+                "acceptance_rate": self.acceptance_rate, "mean_acceptance_length": self.mean_acceptance_length,
+                "per_position_acceptance": self.per_position_acceptance}
+
+
+@dataclass
+class _Plan:
+    """Host-side layout of one speculative step."""
+
+    order: list[EngineStream]  # drafting streams first (by k_s, descending)
+    k_s: list[int]
+    p: list[int]
+    verify_base: list[int]  # first verify row of each stream
+    rows: int  # verify rows
+
+
+class Speculator:
+    def __init__(self, runner: ModelRunner, cfg: SpeculativeConfig, target: object | None = None) -> None:
+        self.runner, self.cfg = runner, cfg
+        model, opts = runner.model, runner.opts
+        self.k = k = cfg.num_speculative_tokens
+        if runner_options_for(opts, cfg) != opts:
+            raise ValueError(f"the runner's audio cache ({runner.cache_len} tokens) is too small for speculation: "
+                             "build its options with speculation.runner_options_for")
+        d = self.drafter = cfg.drafter
+        lm = model.config.decoder
+        if (d.config.hidden_size, d.config.vocab_size) != (lm.hidden_size, lm.vocab_size):
+            raise ValueError(f"drafter (hidden {d.config.hidden_size}, vocab {d.config.vocab_size}) does not fit the "
+                             f"target (hidden {lm.hidden_size}, vocab {lm.vocab_size})")
+        if d.device != runner.device or d.dtype != runner.dtype:
+            raise ValueError(f"drafter is on {d.device}/{d.dtype}, the target on {runner.device}/{runner.dtype}")
+        d.tie_to(model.language_model.embed_tokens.weight)
+        # the capability decision, once; the buffers that depend on it come after
+        self.target = target if target is not None else RealtimeTarget(model)
+        self.drafter_audio = drafter_receives_audio(self.target, d)
+        self.metrics = SpeculationMetrics(k)
+        self.C = runner.cache_len
+        self.mpt = model.config.streaming.mel_frames_per_token
+        dev, dt = self.device, self.dtype = runner.device, runner.dtype
+
+        dc = d.config
+        spec = CacheSpec(dc.num_layers, dc.num_kv_heads, dc.head_dim, opts.block_size, dc.sliding_window,
+                         max_q_len=k + 1)
+        width = spec.blocks_per_stream(runner.max_tokens)
+        self.d_cache = PagedKVCache(spec, opts.max_streams * width, opts.max_streams, runner.max_tokens, dev, dt)
+        for slot in range(opts.max_streams):  # a fixed ring per slot: nothing to admit or release
+            self.d_cache.admit(slot)
+        self.kv_bytes_per_stream = width * spec.bytes_per_block(dt)
+        # host copies of each slot's rings (slot mappings are computed on the host): the drafter's
+        # are fixed; the encoder's and the LM's are read when a stream is prefilled
+        tables = self.d_cache.tables.cpu().numpy()
+        self.blocks: dict[str, dict[int, np.ndarray]] = {
+            "draft": {slot: tables[slot].copy() for slot in range(opts.max_streams)}, "enc": {}, "lm": {}}
+        self.prev_pos = [0] * opts.max_streams  # per slot: the drafter is exact up to here; stash base
+        self.lookahead = LookaheadEncoder(runner, cfg.chunk(opts), self.blocks["enc"])
+        self.chunk = self.lookahead.max_chunk
+
+        b, h = opts.max_batch, lm.hidden_size
+        r = self.max_rows = b * (k + 1)
+        kc = max(k - 1, 1)  # chain steps (a 1-row placeholder when k == 1)
+        self.pad_audio = runner.pad_slot * self.C
+        self.pad_stash = runner.pad_slot * (k + 1)
+        i64, i32 = torch.int64, torch.int32
+        fields = {
+            # catch-up step (ragged rows: positions prev+1 .. p of every stream)
+            "c_tok": Field((r,), i64, -1), "c_hid": Field((r,), i64, self.pad_stash),
+            "c_slot_mapping": Field((r,), i64, -1), "c_pos": Field((r,), i32, -1), "c_dly": Field((r,), i32, 0),
+            "c_seq": Field((r,), i32, 0), "d_tables": Field((b, width), i32, 0),
+            # draft chain (one row per drafting stream, steps 1..k-1)
+            "c_last": Field((b,), i64, 0), "dr_pos": Field((kc, b), i32, -1),
+            "dr_slot_mapping": Field((kc, b), i64, -1), "dr_dly": Field((b,), i32, 0),
+            # verify step (ragged rows: positions p .. p+k_s of every stream)
+            "v_tok": Field((r,), i64, -1), "v_src": Field((r,), i64, -1), "v_aud": Field((r,), i64, -1),
+            "v_slot_mapping": Field((r,), i64, -1), "v_stash": Field((r,), i64, self.pad_stash),
+            "v_pos": Field((r,), i32, -1), "v_dly": Field((r,), i32, 0), "v_seq": Field((r,), i32, 0),
+            "v_tables": Field((b, runner.lm_cache.width), i32, 0),
+        }
+        if self.drafter_audio:  # audio rows for the drafter exist only if it receives audio
+            fields["c_aud"] = Field((r,), i64, self.pad_audio)
+            fields["dr_aud"] = Field((kc, b), i64, self.pad_audio)
+        self.meta = StepMetadata(fields, dev)
+        self.m = self.meta.dev
+        # device-side state and outputs (fixed addresses)
+        self.stash = torch.zeros((opts.max_streams + 1) * (k + 1), h, device=dev, dtype=dt)  # target hiddens
+        self.g_c = torch.zeros(r, h, device=dev, dtype=dt)  # catch-up drafter outputs
+        self.drafts = torch.zeros(b, k, dtype=i64, device=dev)
+        self.dr_seq = torch.arange(b, dtype=i32, device=dev)
+        self.v_tokens = torch.full((r,), -1, dtype=i64, device=dev)
+        self.v_embeds = torch.zeros(r, h, device=dev, dtype=dt)
+        self.v_next = torch.zeros(r, dtype=i64, device=dev)
+
+        self._plan: _Plan | None = None
+        self.g_catchup = self.g_chain = self.g_verify = None
+        if opts.cuda_graphs and dev.type == "cuda":
+            self._capture()
+        logger.info("speculation on: k=%d, drafter %s (%s), encoder look-ahead chunk %d, audio ring %d, "
+                    "drafter KV %.1f MiB/stream", k, type(d).__name__,
+                    "audio + text" if self.drafter_audio else "text only", self.chunk, self.C,
+                    self.kv_bytes_per_stream / 2**20)
+
+    # -- graph-capturable forwards over the persistent buffers -------------------------------------
+    def _gather_audio(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.runner.audio_cache.index_select(0, rows)
+
+    def _catchup_forward(self, t: int) -> None:
+        d, m = self.drafter, self.m
+        mm = self._gather_audio(m["c_aud"][:t]) if self.drafter_audio else None
+        x = d.embed_input_ids(m["c_tok"][:t], mm)
+        hid = self.stash.index_select(0, m["c_hid"][:t])
+        pos = m["c_pos"][:t]
+        backend = PagedAttention(self.d_cache, m["c_slot_mapping"][:t], m["d_tables"], m["c_seq"][:t], pos)
+        g = d(x[None], hid[None], pos[None], d.t_cond(m["c_dly"][:t])[None], backend)
+        self.g_c[:t] = g[0]
+
+    def _chain_forward(self, s: int) -> None:
+        d, m = self.drafter, self.m
+        g = self.g_c.index_select(0, m["c_last"][:s])
+        self.drafts[:s, 0] = d.logits(g).argmax(-1)
+        t_cond = d.t_cond(m["dr_dly"][:s])[None]
+        for j in range(1, self.k):
+            pos = m["dr_pos"][j - 1, :s]
+            mm = self._gather_audio(m["dr_aud"][j - 1, :s]) if self.drafter_audio else None
+            x = d.embed_input_ids(self.drafts[:s, j - 1], mm)  # the audio of position p+j itself
+            backend = PagedAttention(self.d_cache, m["dr_slot_mapping"][j - 1, :s], m["d_tables"], self.dr_seq[:s],
+                                     pos)
+            g = d(x[None], g[None], pos[None], t_cond, backend)[0]
+            self.drafts[:s, j] = d.logits(g).argmax(-1)
+
+    def _verify_forward(self, t: int) -> None:
+        model, m = self.runner.model, self.m
+        pos = m["v_pos"][:t]
+        backend = PagedAttention(self.runner.lm_cache, m["v_slot_mapping"][:t], m["v_tables"], m["v_seq"][:t], pos)
+        ada = model.ada_scales_for(m["v_dly"][:t])  # the runner's delay table, when it has one
+        t_cond = None if ada is not None else model.t_cond(m["v_dly"][:t])[None]
+        hidden = model.decode(self.v_embeds[None, :t], pos[None], t_cond, backend, ada)[0]
+        self.v_next[:t] = model.logits(hidden).argmax(-1)
+        self.stash.index_copy_(0, m["v_stash"][:t], hidden)
+
+    def _capture(self) -> None:
+        b, dev = self.runner.opts.max_batch, self.device
+        self.g_catchup = DecodeGraphRunner(self._catchup_forward, self.max_rows, dev)
+        self.g_catchup.capture()
+        self.g_chain = DecodeGraphRunner(self._chain_forward, b, dev)  # also holds the first draft's head
+        self.g_chain.capture()
+        self.g_verify = DecodeGraphRunner(self._verify_forward, self.max_rows, dev)
+        self.g_verify.capture()
+        logger.info("captured speculative graphs: catch-up/verify buckets %s, chain buckets %s",
+                    self.g_verify.buckets, self.g_chain.buckets)
+
+    # -- per-stream bookkeeping ----------------------------------------------------------------------
+    @staticmethod
+    def last_position(s: EngineStream) -> int:
+        """Highest LM position the stream may still run (its token would be the last one kept)."""
+        lim = math.inf
+        if s.total_tokens is not None:
+            lim = s.total_tokens - 2
+        if s.max_tokens is not None:
+            lim = min(lim, s.max_tokens - 2)
+        return lim  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def prefill(self, s: EngineStream, audio: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Drafter KV for the prompt, from the target's prefill audio and hidden states [P, H].
+
+        Position q reads h_{q-1}; position 0 has none and reads zeros (as in training). Every
+        position the drafter can attend to is written, so nothing of a slot's previous stream leaks
+        in. The last hidden state seeds the first catch-up."""
+        d, dev = self.drafter, self.device
+        n = s.prompt_len
+        pos = torch.arange(n, device=dev)
+        ids = torch.tensor(s.prompt, device=dev)
+        x = d.embed_input_ids(ids, audio[:n] if self.drafter_audio else None)
+        prev_hidden = torch.cat([torch.zeros_like(hidden[:1]), hidden[: n - 1]])
+        t_cond = d.t_cond(torch.tensor([s.delay_tokens], device=dev))[:, None, :]
+        d(x[None], prev_hidden[None], pos[None], t_cond, PrefillAttention(self.d_cache, s.slot, pos))
+        self.stash[s.slot * (self.k + 1)] = hidden[n - 1]
+        self.prev_pos[s.slot] = n - 1
+        # the stream's encoder and LM rings (fixed from admission until it leaves)
+        self.blocks["enc"][s.slot] = self.runner.enc_cache.tables[s.slot].cpu().numpy()
+        self.blocks["lm"][s.slot] = self.runner.lm_cache.tables[s.slot].cpu().numpy()
+
+    # -- one step -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, streams: list[EngineStream]) -> torch.Tensor:
+        """Look-ahead, draft and verify for the scheduled streams. Returns a device tensor
+        [2 * rows]: the target's argmax per verify row, then the verify input tokens (the drafts)."""
+        self._look_ahead(streams)
+        plan, n_catchup, n_draft = self._layout(streams)
+        self._run(plan, n_catchup, n_draft)
+        t = plan.rows
+        return torch.cat([self.v_next[:t], self.v_tokens[:t]])
+
+    def _look_ahead(self, streams: list[EngineStream]) -> None:
+        """Encode audio ahead of the LM: up to `chunk` tokens for a stream with fewer than k+1 ready."""
+        work = []
+        for s in streams:
+            p, prev = s.lm_pos, self.prev_pos[s.slot]
+            avail = s.audio_done + s.audio_tokens_ready(self.mpt)
+            # never overwrite ring rows this step still reads (positions > prev); no audio past the end
+            upper = min(avail, prev + 1 + self.C, self.last_position(s) + 1)
+            if s.audio_done - p < self.k + 1 and upper > s.audio_done:
+                work.append((s, min(upper - s.audio_done, self.chunk)))
+        self.lookahead.encode(work)
+
+    def _layout(self, streams: list[EngineStream]) -> tuple[_Plan, int, int]:
+        """Draft lengths, and the step's rows written into the host staging of the metadata."""
+        k, C, kp1 = self.k, self.C, self.k + 1
+        bs = self.runner.opts.block_size
+        k_s = {}
+        for s in streams:
+            decodable = min(s.audio_done, self.last_position(s) + 1) - s.lm_pos
+            assert decodable >= 1, "scheduled stream without audio for its position"
+            k_s[s.stream_id] = min(k, decodable - 1) if decodable >= self.cfg.min_buffered_tokens else 0
+        order = sorted(streams, key=lambda s: -k_s[s.stream_id])  # drafting streams first
+        plan = _Plan(order, [k_s[s.stream_id] for s in order], [s.lm_pos for s in order], [], 0)
+        n_draft = sum(1 for x in plan.k_s if x > 0)
+        h = self.meta.begin()
+        c = v = 0  # rows used so far in the catch-up / verify layouts
+        for i, s in enumerate(order):
+            p, prev, slot, ks = s.lm_pos, self.prev_pos[s.slot], s.slot, plan.k_s[i]
+            d_blocks, lm_blocks = self.blocks["draft"][slot], self.blocks["lm"][slot]
+            h["d_tables"][i] = d_blocks
+            h["v_tables"][i] = lm_blocks
+            # catch-up: positions prev+1 .. p, each reading h_{q-1} from the stash (rows 0 .. p-prev-1)
+            q = np.arange(prev + 1, p + 1)
+            sl = slice(c, c + len(q))
+            h["c_tok"][sl] = s.tokens[prev + 1: p + 1]
+            h["c_hid"][sl] = slot * kp1 + np.arange(len(q))
+            h["c_slot_mapping"][sl] = host_slot_mapping(d_blocks, q, bs)
+            h["c_pos"][sl] = q
+            h["c_dly"][sl] = s.delay_tokens
+            h["c_seq"][sl] = i
+            if self.drafter_audio:
+                h["c_aud"][sl] = slot * C + q % C
+            c += len(q)
+            if ks:
+                # chain step j drafts token p+j+1 at position p+j, reading that position's own audio
+                h["c_last"][i] = c - 1
+                h["dr_dly"][i] = s.delay_tokens
+                if ks > 1:
+                    q = np.arange(p + 1, p + ks)
+                    h["dr_pos"][: ks - 1, i] = q
+                    h["dr_slot_mapping"][: ks - 1, i] = host_slot_mapping(d_blocks, q, bs)
+                    if self.drafter_audio:
+                        h["dr_aud"][: ks - 1, i] = slot * C + q % C
+            # verify: positions p .. p+k_s; row 0 carries the known token, rows 1.. the drafts
+            q = np.arange(p, p + ks + 1)
+            sl = slice(v, v + ks + 1)
+            plan.verify_base.append(v)
+            h["v_tok"][v] = s.tokens[p]
+            h["v_src"][v + 1: v + ks + 1] = i * k + np.arange(ks)
+            h["v_aud"][sl] = slot * C + q % C
+            h["v_slot_mapping"][sl] = host_slot_mapping(lm_blocks, q, bs)
+            h["v_stash"][sl] = slot * kp1 + np.arange(ks + 1)
+            h["v_pos"][sl] = q
+            h["v_dly"][sl] = s.delay_tokens
+            h["v_seq"][sl] = i
+            v += ks + 1
+        plan.rows = v
+        self.meta.upload()
+        return plan, c, n_draft
+
+    def _run(self, plan: _Plan, t0: int, n_draft: int) -> None:
+        """Catch-up, chain and verify on the device (graph replays when captured)."""
+        m, t = self.m, plan.rows
+        graphs = self.g_verify is not None
+        if graphs:
+            self.g_catchup.replay(self.g_catchup.bucket(t0))
+        else:
+            self._catchup_forward(t0)
+        if n_draft:
+            if graphs:
+                self.g_chain.replay(self.g_chain.bucket(n_draft))
+            else:
+                self._chain_forward(n_draft)
+        # verify: merge the drafts into the input tokens, gather-add, then the target
+        run_t = self.g_verify.bucket(t) if graphs else t
+        src = m["v_src"][:run_t]
+        torch.where(src >= 0, self.drafts.view(-1)[src.clamp(min=0)], m["v_tok"][:run_t], out=self.v_tokens[:run_t])
+        gather_add_embeddings(self.v_embeds[:run_t], self.v_tokens[:run_t],
+                              self.runner.model.language_model.embed_tokens.weight, self.runner.audio_cache,
+                              m["v_aud"][:run_t])
+        if graphs:
+            self.g_verify.replay(run_t)
+        else:
+            self._verify_forward(t)
+        self._plan = plan
+
+    def accept(self, streams: list[EngineStream], host: list[int]) -> list[list[int]]:
+        """Greedy acceptance from `step`'s output (on the host): per stream (in `streams` order) the
+        tokens to emit: the accepted drafts and the target's token after them."""
+        plan = self._plan
+        assert plan is not None and len(host) == 2 * plan.rows
+        nxt, inp = host[: plan.rows], host[plan.rows:]
+        out: dict[int, list[int]] = {}
+        m = self.metrics
+        for s, ks, p, base in zip(plan.order, plan.k_s, plan.p, plan.verify_base):
+            n_acc = 0
+            while n_acc < ks and inp[base + 1 + n_acc] == nxt[base + n_acc]:
+                n_acc += 1
+            out[s.stream_id] = nxt[base: base + n_acc + 1]
+            self.prev_pos[s.slot] = p
+            if ks:
+                m.rounds += 1
+                m.drafted += ks
+                m.accepted += n_acc
+                for i in range(ks):
+                    m.drafted_at[i] += 1
+                for i in range(n_acc):
+                    m.accepted_at[i] += 1
+        self._plan = None
+        return [out[s.stream_id] for s in streams]

@@ -1,0 +1,86 @@
+"""Batch augmentation in torch (runs on the GPU next to training; no sox on the training machine).
+
+The torch equivalents of speech_data.md §4's sox recipe, all length-preserving so word times stay
+valid: gain, room reverb (a synthetic exponentially decaying RIR, tail cut like `sox reverb`),
+telephone band (300-3400 Hz), coloured noise at 5-30 dB SNR, and a faint noise floor (real
+recordings are never digitally silent). Speed and pitch are drawn at synthesis time instead, through
+the engines' duration and pitch controls, which keeps the word times exact.
+
+Only the user region of each stream is touched: the left/right streaming padding stays exact
+zeros, as the session pushes it at inference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    p_reverb: float = 0.3
+    p_telephone: float = 0.15
+    p_noise: float = 0.6
+    p_floor: float = 0.8
+    snr_db: tuple[float, float] = (5.0, 30.0)
+    gain_db: tuple[float, float] = (-18.0, 3.0)
+    rt60_s: tuple[float, float] = (0.15, 0.7)
+    rate: int = 16000
+
+
+def _uniform(n: int, lo: float, hi: float, g: torch.Generator, device: torch.device) -> torch.Tensor:
+    return lo + (hi - lo) * torch.rand(n, generator=g, device=device)
+
+
+def _coloured_noise(shape: tuple[int, int], alpha: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Noise with power spectrum 1/f^alpha per row (0 white, 1 pink, 2 brown), unit RMS."""
+    n = shape[1]
+    white = torch.randn(shape, generator=g, device=alpha.device)
+    spec = torch.fft.rfft(white, dim=-1)
+    f = torch.arange(spec.shape[-1], device=alpha.device).clamp(min=1).float()
+    spec = spec * f[None, :].pow(-alpha[:, None] / 2)
+    out = torch.fft.irfft(spec, n=n, dim=-1)
+    return out / out.square().mean(-1, keepdim=True).sqrt().clamp(min=1e-8)
+
+
+def augment(audio: torch.Tensor, user: torch.Tensor, cfg: AugmentConfig, g: torch.Generator) -> torch.Tensor:
+    """audio [B, L] float32 (padding already zero); user [B, L] bool, True on the user region."""
+    b, n = audio.shape
+    dev = audio.device
+    x = audio
+    mask = user.to(x.dtype)
+    # reverb: RIR = direct impulse + decaying noise, energy-normalised; FFT convolution, tail cut
+    rev = torch.rand(b, generator=g, device=dev) < cfg.p_reverb
+    if bool(rev.any()):
+        rir_len = int(0.5 * cfg.rate)
+        t = torch.arange(rir_len, device=dev).float() / cfg.rate
+        rt60 = _uniform(b, *cfg.rt60_s, g, dev)
+        decay = torch.exp(-6.9078 * t[None, :] / rt60[:, None])  # -60 dB at rt60
+        rir = torch.randn(b, rir_len, generator=g, device=dev) * decay * _uniform(b, 0.2, 0.6, g, dev)[:, None]
+        rir[:, 0] = 1.0
+        rir = rir / rir.square().sum(-1, keepdim=True).sqrt()
+        size = 1 << math.ceil(math.log2(n + rir_len))
+        wet = torch.fft.irfft(torch.fft.rfft(x, size) * torch.fft.rfft(rir, size), size)[:, :n]
+        x = torch.where(rev[:, None], wet * mask, x)
+    # telephone band: zero the spectrum outside 300-3400 Hz
+    tel = torch.rand(b, generator=g, device=dev) < cfg.p_telephone
+    if bool(tel.any()):
+        spec = torch.fft.rfft(x, dim=-1)
+        hz = torch.fft.rfftfreq(n, 1.0 / cfg.rate).to(dev)
+        band = ((hz >= 300) & (hz <= 3400)).to(x.dtype)
+        x = torch.where(tel[:, None], torch.fft.irfft(spec * band, n=n) * mask, x)
+    # gain
+    x = x * (10 ** (_uniform(b, *cfg.gain_db, g, dev) / 20))[:, None]
+    # noise at an SNR relative to the speech RMS of the row
+    speech_rms = (x.square() * mask).sum(-1).div(mask.sum(-1).clamp(min=1)).sqrt()
+    noisy = torch.rand(b, generator=g, device=dev) < cfg.p_noise
+    alpha = torch.randint(0, 3, (b,), generator=g, device=dev).float()
+    snr = _uniform(b, *cfg.snr_db, g, dev)
+    level = torch.where(noisy, speech_rms * 10 ** (-snr / 20), torch.zeros_like(snr))
+    floor = torch.rand(b, generator=g, device=dev) < cfg.p_floor
+    level = level + floor * 10 ** (_uniform(b, -75.0, -55.0, g, dev) / 20)
+    if bool((level > 0).any()):
+        x = x + _coloured_noise((b, n), alpha, g) * level[:, None] * mask
+    return x.clamp(-1.0, 1.0) * mask

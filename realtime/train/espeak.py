@@ -1,0 +1,179 @@
+"""espeak-ng through its C library (ctypes): 16 kHz audio plus per-word start/end times.
+
+Works with Debian's `libespeak-ng.so.1` (formant voices and, with the `mbrola` program on PATH,
+mbrola voices) and with any other build of the library (e.g. the `espeakng-loader` wheel's, which
+has no mbrola). Word times come from SSML `<mark/>`s placed before every word: each mark event
+carries `audio_position` (ms) = the start of that word; a word ends where the next one starts,
+minus the trailing silence (speech_data.md §1). The library is initialised once per process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import math
+import os
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+
+import numpy as np
+from scipy.signal import firwin, resample_poly
+
+from .targets import TimedWord
+from .wordtimes import trim_word_ends
+
+logger = logging.getLogger(__name__)
+
+_SYNCHRONOUS = 2
+_INIT_DONT_EXIT = 0x8000
+_CHARS_UTF8 = 1
+_SSML = 0x10
+_EV_MARK = 3
+_EV_SAMPLERATE = 8
+_EV_LIST_TERMINATED = 0
+_PARAM_RATE, _PARAM_PITCH, _PARAM_RANGE = 1, 3, 4
+OUT_RATE = 16000
+
+
+@functools.lru_cache(maxsize=4)
+def _lowpass(up: int, down: int) -> np.ndarray:
+    # resample_poly's own default design, computed once instead of on every call
+    m = max(up, down)
+    return firwin(2 * 10 * m + 1, 1.0 / m, window=("kaiser", 5.0))
+
+
+def _ratio(rate: int) -> tuple[int, int]:
+    g = math.gcd(rate, OUT_RATE)
+    return OUT_RATE // g, rate // g
+
+
+class EspeakError(RuntimeError):
+    """The library, its data or a voice cannot be used."""
+
+
+class _EventId(ctypes.Union):
+    _fields_ = [("number", ctypes.c_int), ("name", ctypes.c_char_p), ("string", ctypes.c_char * 8)]
+
+
+class _Event(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("unique_identifier", ctypes.c_uint), ("text_position", ctypes.c_int),
+                ("length", ctypes.c_int), ("audio_position", ctypes.c_int), ("sample", ctypes.c_int),
+                ("user_data", ctypes.c_void_p), ("id", _EventId)]
+
+
+_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event))
+
+
+@dataclass(frozen=True)
+class EspeakVoice:
+    name: str  # espeak voice name, e.g. "en-us+f3" or "mb-us1"
+    rate_wpm: int = 175
+    pitch: int = 50  # 0..99
+    pitch_range: int = 50  # 0..99
+
+
+def default_library() -> tuple[str, str | None]:
+    """(library path, data path or None for the library's default) from the environment."""
+    lib = os.environ.get("STREAMSCRIBE_ESPEAK_LIB")
+    data = os.environ.get("STREAMSCRIBE_ESPEAK_DATA")
+    if lib:
+        return lib, data
+    for cand in ("/usr/lib/x86_64-linux-gnu/libespeak-ng.so.1", "/usr/lib/aarch64-linux-gnu/libespeak-ng.so.1"):
+        if Path(cand).exists():
+            return cand, data
+    try:
+        import espeakng_loader  # the pip wheel: a self-contained library and data (no mbrola)
+
+        return espeakng_loader.get_library_path(), espeakng_loader.get_data_path()
+    except ImportError as exc:
+        raise EspeakError("no libespeak-ng found: install espeak-ng, the espeakng-loader wheel, or set "
+                          "STREAMSCRIBE_ESPEAK_LIB") from exc
+
+
+class EspeakSynth:
+    """One per process (the C library holds global state)."""
+
+    def __init__(self, library: str | None = None, data_path: str | None = None) -> None:
+        if library is None:
+            library, data_path = default_library()
+        self.library = library
+        try:
+            self._lib = ctypes.CDLL(library)
+        except OSError as exc:
+            raise EspeakError(f"cannot load {library}: {exc}") from exc
+        lib = self._lib
+        lib.espeak_Initialize.restype = ctypes.c_int
+        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.espeak_Synth.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
+                                     ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+        rate = lib.espeak_Initialize(_SYNCHRONOUS, 0, data_path.encode() if data_path else None, _INIT_DONT_EXIT)
+        if rate <= 0:
+            raise EspeakError(f"espeak_Initialize failed ({rate}) with data path {data_path!r}")
+        self._default_rate = rate
+        self._chunks: list[np.ndarray] = []
+        self._marks: list[tuple[str, int]] = []
+        self._rate: int | None = None
+        self._cb = _CALLBACK(self._on_audio)  # keep a reference: the library calls it later
+        lib.espeak_SetSynthCallback(self._cb)
+        self._voice: str | None = None
+
+    def _on_audio(self, wav: ctypes.POINTER(ctypes.c_short), n: int, events: ctypes.POINTER(_Event)) -> int:
+        if n > 0 and wav:
+            self._chunks.append(np.ctypeslib.as_array(wav, shape=(n,)).copy())
+        i = 0
+        while events[i].type != _EV_LIST_TERMINATED:
+            ev = events[i]
+            if ev.type == _EV_MARK and ev.id.name:
+                self._marks.append((ev.id.name.decode(), ev.audio_position))
+            elif ev.type == _EV_SAMPLERATE and self._rate is None:
+                self._rate = ev.id.number
+            i += 1
+        return 0
+
+    def synthesize(self, voice: EspeakVoice, words: list[str]) -> tuple[np.ndarray, list[TimedWord]]:
+        """16 kHz float32 audio and the time span of every input word."""
+        if voice.name != self._voice:
+            if self._lib.espeak_SetVoiceByName(voice.name.encode()) != 0:
+                raise EspeakError(f"espeak-ng has no usable voice {voice.name!r} (mbrola voices need the mbrola "
+                                  f"program and voice files)")
+            self._voice = voice.name
+            if voice.name.startswith("mb-"):
+                # The first utterance after loading an mbrola voice comes back cut short (its tail and
+                # the end mark are lost, measured on espeak-ng 1.51): spend it on a throw-away phrase.
+                self._run(voice, ["hello", "there"])
+        audio = self._run(voice, words)
+        starts = dict(self._marks)
+        missing = [i for i in range(len(words)) if f"w{i}" not in starts]
+        total_s = audio.size / OUT_RATE
+        if missing or "end" not in starts or starts["end"] - starts[f"w{len(words) - 1}"] < 30:
+            raise EspeakError(f"voice {voice.name}: bad marks ({len(missing)} missing, end {starts.get('end')} ms, "
+                              f"{total_s:.2f} s of audio)")
+        t = [starts[f"w{i}"] / 1000.0 for i in range(len(words))] + [min(starts["end"] / 1000.0, total_s)]
+        spans = [(t[i], max(t[i], t[i + 1])) for i in range(len(words))]
+        return audio, trim_word_ends(audio, OUT_RATE, words, spans)
+
+    def _run(self, voice: EspeakVoice, words: list[str]) -> np.ndarray:
+        self._lib.espeak_SetParameter(_PARAM_RATE, int(voice.rate_wpm), 0)
+        self._lib.espeak_SetParameter(_PARAM_PITCH, int(voice.pitch), 0)
+        self._lib.espeak_SetParameter(_PARAM_RANGE, int(voice.pitch_range), 0)
+        # a mark before every word, and one at the end: a mark right at the end is otherwise lost
+        ssml = "<speak>" + " ".join(f'<mark name="w{i}"/>{escape(w)}' for i, w in enumerate(words)) + \
+            ' <mark name="end"/></speak>'
+        data = ssml.encode("utf-8") + b"\0"
+        self._chunks, self._marks, self._rate = [], [], None
+        buf = ctypes.create_string_buffer(data)
+        err = self._lib.espeak_Synth(buf, len(data), 0, 0, 0, _CHARS_UTF8 | _SSML, None, None)
+        if err != 0:
+            raise EspeakError(f"espeak_Synth failed ({err}) for voice {voice.name}")
+        self._lib.espeak_Synchronize()
+        rate = self._rate or self._default_rate
+        pcm = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
+        audio = pcm.astype(np.float32) / 32768.0
+        if rate != OUT_RATE:
+            up, down = _ratio(rate)
+            audio = resample_poly(audio, up, down, window=_lowpass(up, down)).astype(np.float32)
+        return audio

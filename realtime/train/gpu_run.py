@@ -1,0 +1,272 @@
+"""The whole training run in one command on the GPU machine: synthesise, train, evaluate, export.
+
+    python -m realtime.train.gpu_run run --carry .train_carry --out $OUT [--minutes 8.5] [--size base-384]
+    python -m realtime.train.gpu_run unpack --files FOLDER --to models/default     (afterwards, here)
+
+`run` unpacks the carried engines (no system TTS needed), starts corpus synthesis on all but two
+CPU cores in a background process, trains on the GPU from the first shards on (the corpus grows
+while it trains), stops training so that evaluation and export fit in `--minutes`, then evaluates
+the exported model on held-out voices and real recordings with CPU workers. Every checkpoint also
+exports the model into $OUT, so a run killed at its time limit still returns a model.
+
+$OUT gets at most 8 files, none over 16 MiB (the limits of what comes back): the fp16 weights in
+shards of < 15 MiB + their index, `model_rest.tar` (config.json, tokenizer.json, training.json),
+`loss.png`, `metrics.json`, `run.log`. `unpack` rebuilds one ordinary model folder from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+logger = logging.getLogger("realtime.train.gpu_run")
+
+SHARD_BYTES = 15 * 2 ** 20
+WORK = Path(os.environ.get("STREAMSCRIBE_WORK", "/tmp/streamscribe-train"))
+
+
+def setup_engines(carry: Path, work: Path) -> dict[str, str]:
+    """Unpack engines.tar.xz and point this process's children at it (PATH, LD_LIBRARY_PATH, ...)."""
+    eng = work / "engines"
+    if not eng.exists():
+        with tarfile.open(carry / "engines.tar.xz") as t:
+            t.extractall(work, filter="tar")  # keeps the executables' mode bits
+    env = {
+        "PATH": f"{eng / 'bin'}:{os.environ.get('PATH', '')}",
+        "LD_LIBRARY_PATH": f"{eng / 'lib'}:{os.environ.get('LD_LIBRARY_PATH', '')}",
+        "STREAMSCRIBE_ESPEAK_LIB": str(eng / "lib" / "libespeak-ng.so.1"),
+        "STREAMSCRIBE_ESPEAK_DATA": str(eng / "espeak-ng-data"),
+        "STREAMSCRIBE_FLITEW": str(eng / "bin" / "flitew"),
+    }
+    os.environ.update(env)  # spawned workers inherit it (the dynamic loader reads it at their start)
+    return env
+
+
+def install_wheels(carry: Path, work: Path) -> None:
+    """jiwer (+ rapidfuzz) for the evaluation, from the carried Python 3.12 wheels, unless present."""
+    try:
+        import jiwer  # noqa: F401
+
+        return
+    except ImportError:
+        pass
+    wheels = sorted((carry / "wheels").glob("*.whl"))
+    if not wheels:
+        return
+    site = work / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", str(site)] + [str(w) for w in wheels], check=True)
+    sys.path.insert(0, str(site))
+    os.environ["PYTHONPATH"] = f"{site}:{os.environ.get('PYTHONPATH', '')}"
+
+
+def _probe(engine: str, voice: str) -> str:
+    """Synthesise two words in a fresh process; '' when it works, else the error."""
+    from .espeak import EspeakSynth, EspeakVoice
+    from .flite import FliteSynth, FliteVoice
+
+    try:
+        if engine == "flite":
+            audio, words = FliteSynth().synthesize(FliteVoice(voice), ["hello", "world"])
+        else:
+            audio, words = EspeakSynth().synthesize(EspeakVoice(voice), ["hello", "world"])
+        return "" if audio.size > 8000 and len(words) == 2 else f"{audio.size} samples"
+    except Exception as exc:  # noqa: BLE001 - reported, and the engine's voices are left out
+        return repr(exc)
+
+
+def probe_engines() -> dict[str, str]:
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        checks = {"espeak": ("espeak", "en-us"), "mbrola": ("espeak", "mb-us1"), "flite": ("flite", "slt")}
+        res = {k: pool.apply_async(_probe, v) for k, v in checks.items()}
+        return {k: r.get(timeout=120) for k, r in res.items()}
+
+
+def _synth_process(tasks: list, out_dir: str, workers: int, deadline: float, stats_path: str) -> None:
+    from .synth import synthesize
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s synth %(message)s")
+    stats = synthesize(tasks, Path(out_dir), workers, deadline=deadline)
+    Path(stats_path).write_text(json.dumps(stats, indent=2))
+
+
+def write_outputs(folder: Path, out: Path) -> None:
+    """Model folder -> $OUT: weight shards + index as they are, the small files in one tar."""
+    for old in out.glob("model-*.safetensors"):
+        old.unlink()
+    with tarfile.open(out / "model_rest.tar.tmp", "w") as t:
+        for f in sorted(folder.iterdir()):
+            if (f.name.startswith("model-") and f.suffix == ".safetensors") or f.name.endswith(".index.json"):
+                shutil.copy(f, out / f.name)
+            else:
+                t.add(f, arcname=f.name)
+    os.replace(out / "model_rest.tar.tmp", out / "model_rest.tar")
+
+
+def run(args: argparse.Namespace) -> int:
+    t_start = time.time()
+    deadline = t_start + args.minutes * 60
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    carry = Path(args.carry)
+    log_file = logging.FileHandler(out / "run.log")
+    log_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logging.getLogger().addHandler(log_file)
+    progress = logging.getLogger("realtime.train.progress")  # every 10th progress line: run.log only
+    progress.propagate = False
+    progress.addHandler(log_file)
+    metrics: dict = {"args": vars(args)}
+    WORK.mkdir(parents=True, exist_ok=True)
+    setup_engines(carry, WORK)
+    install_wheels(carry, WORK)
+    probes = probe_engines()
+    metrics["engine_probes"] = probes
+    logger.info("engine probes (empty = works): %s", probes)
+
+    import torch
+
+    torch.set_num_threads(1)  # the other cores synthesise; the main process only feeds the GPU
+    from .data import BatchConfig
+    from .synth import plan_tasks
+    from .text_corpus import read_corpus
+    from .train import TrainConfig, Trainer
+    from .voices import VoiceSpec, catalogue
+
+    train_v, held_v = catalogue()
+
+    def usable(v: VoiceSpec) -> bool:
+        kind = "flite" if v.engine == "flite" else "mbrola" if v.base.startswith("mb-") else "espeak"
+        return not probes[kind]
+
+    train_v, held_v = [v for v in train_v if usable(v)], [v for v in held_v if usable(v)]
+    if not train_v:
+        raise RuntimeError(f"no TTS engine works here: {probes}")
+    shards = WORK / "shards"
+    shutil.rmtree(shards, ignore_errors=True)
+    tasks = plan_tasks(read_corpus(carry / "corpus.tsv.gz"), train_v, held_v, train_hours=args.max_hours,
+                       eval_per_voice=args.eval_per_voice, seed=args.seed)
+    workers = max(1, (os.cpu_count() or 4) - 2)
+    train_end = deadline - args.eval_minutes * 60 - 30  # export + margin
+    synth_deadline = train_end - 20
+    ctx = mp.get_context("spawn")
+    synth = ctx.Process(target=_synth_process, args=(tasks, str(shards), workers, synth_deadline,
+                                                     str(WORK / "synth_stats.json")))
+    synth.start()
+    logger.info("synthesis: %d tasks on %d workers until %.0f s; voices %d train / %d held-out", len(tasks), workers,
+                synth_deadline - t_start, len(train_v), len(held_v))
+
+    tc = TrainConfig(data=str(shards), tokenizer=str(carry / "tok"), out=str(WORK / "run"), size=args.size,
+                     device="cuda" if torch.cuda.is_available() else "cpu", seed=args.seed, lr=args.lr,
+                     batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds),
+                     ckpt_every_s=args.export_every_s, min_utterances=args.min_utterances)
+    trainer = Trainer(tc)
+    trainer.wait_for_data()
+    tc.max_minutes = max(0.5, (train_end - time.time()) / 60)
+    logger.info("training for %.1f min from %.0f s in", tc.max_minutes, time.time() - t_start)
+    def checkpoint_to_out(tr: Trainer) -> None:
+        # a run killed at its time limit still returns the latest model, curves and numbers
+        write_outputs(tr.export(WORK / "export", SHARD_BYTES), out)
+        shutil.copy(WORK / "run" / "loss.png", out / "loss.png")
+        metrics["train"] = {"steps": tr.step, "train_minutes": tr.train_s / 60, "partial": True}
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+
+    trainer.train(on_checkpoint=checkpoint_to_out)
+    synth.join(timeout=max(1.0, synth_deadline + 60 - time.time()))
+    if synth.is_alive():
+        synth.terminate()
+    folder = trainer.export(WORK / "export", SHARD_BYTES)
+    trainer.plot()
+    shutil.copy(WORK / "run" / "loss.png", out / "loss.png")
+    metrics["train"] = {"steps": trainer.step, "train_minutes": trainer.train_s / 60,
+                        "audio_hours_seen": trainer.audio_seen_s / 3600, "corpus_hours": trainer.corpus.hours,
+                        "corpus_shards": len(trainer.corpus.by_shard), "final_loss": trainer.history["loss"][-1:],
+                        "val_loss": trainer.history["val_loss"][-3:], "val_text_acc": trainer.history["val_text_acc"][-3:]}
+    stats_file = WORK / "synth_stats.json"
+    metrics["synth"] = json.loads(stats_file.read_text()) if stats_file.exists() else None
+    del trainer
+    torch.cuda.empty_cache()
+
+    from .evaluate import evaluate, summary_lines
+
+    real = carry / "real"
+    result = evaluate(folder, shards, delays=args.delays, per_voice=args.eval_per_voice,
+                      sweep_per_voice=args.sweep_per_voice, real_dir=real if real.exists() else None,
+                      workers=max(1, (os.cpu_count() or 2) - 1), deadline=deadline - 15)
+    metrics["eval"] = result
+    for line in summary_lines(result):
+        logger.info("%s", line)
+    metrics["wall_s"] = time.time() - t_start
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_outputs(folder, out)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    logger.info("done in %.0f s", metrics["wall_s"])
+    return 0
+
+
+def unpack(args: argparse.Namespace) -> int:
+    """$OUT files -> one model folder with a single fp16 model.safetensors, checked by loading it."""
+    import tempfile
+
+    from ..loader import load_model, save_model
+
+    src, dst = Path(args.files), Path(args.to)
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        with tarfile.open(src / "model_rest.tar") as tar:
+            tar.extractall(t, filter="data")
+        for f in list(src.glob("model-*.safetensors")) + list(src.glob("*.index.json")):
+            shutil.copy(f, t / f.name)
+        model, _ = load_model(t)
+        dst.mkdir(parents=True, exist_ok=True)
+        for old in list(dst.glob("*.safetensors")) + list(dst.glob("*.index.json")) + [dst / "tekken.json"]:
+            old.unlink(missing_ok=True)
+        save_model(model.half(), dst)
+        for name in ("tokenizer.json", "training.json", "metrics.json"):
+            if (t / name).exists():
+                shutil.copy(t / name, dst / name)
+    size = sum(f.stat().st_size for f in dst.iterdir() if f.is_file())
+    logger.info("model folder %s: %.1f MB", dst, size / 1e6)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--carry", default=".train_carry")
+    r.add_argument("--out", required=True)
+    r.add_argument("--minutes", type=float, default=8.5, help="wall-clock budget of the whole run")
+    r.add_argument("--eval-minutes", type=float, default=1.25)
+    r.add_argument("--size", default="base-384")
+    r.add_argument("--lr", type=float, default=1.5e-3)
+    r.add_argument("--tokens-per-batch", type=int, default=32768)
+    r.add_argument("--max-seconds", type=float, default=20.0)
+    # about 220x real time per core here: 14 workers could make ~300 h in 6 min; 160 h (18 GB of shards,
+    # as much on the GPU) is the cap, the deadline may stop it first
+    r.add_argument("--max-hours", type=float, default=160.0, help="training audio to synthesise at most")
+    r.add_argument("--eval-per-voice", type=int, default=40)
+    r.add_argument("--sweep-per-voice", type=int, default=12)
+    r.add_argument("--delays", type=int, nargs="+", default=[160, 480, 960, 2400])
+    r.add_argument("--min-utterances", type=int, default=1500)
+    r.add_argument("--export-every-s", type=float, default=120.0)
+    r.add_argument("--seed", type=int, default=0)
+    u = sub.add_parser("unpack")
+    u.add_argument("--files", required=True, help="the folder the run's $OUT files were copied to")
+    u.add_argument("--to", required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
+    return run(args) if args.cmd == "run" else unpack(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

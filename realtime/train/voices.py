@@ -1,0 +1,107 @@
+"""The voice catalogue and its split by speaker: held-out speakers never appear in training.
+
+A *speaker* is one recorded person (flite's slt, rms, awb, kal; mbrola's us1, us2, us3, en1) or,
+for espeak-ng's formant synthesiser, one accent + variant pair. The held-out set is disjoint at
+the level that matters for generalisation: the held-out recorded speakers are used by no training
+voice, and the held-out formant voices use accents *and* variants that no training voice uses.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .espeak import EspeakVoice
+from .flite import FliteVoice
+
+# espeak-ng formant accents and variants (speech_data.md §1; names as espeak_SetVoiceByName takes them)
+# en-gb-x-gbcwmd is left out: it loses the final SSML mark (no end time for the last word)
+TRAIN_ACCENTS = ("en-us", "en", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan")
+TRAIN_VARIANTS = ("", "f1", "f2", "f3", "f5", "m1", "m2", "m3", "m4", "m5", "m7", "klatt", "klatt2", "klatt4")
+HELDOUT_ACCENTS = ("en-029", "en-us-nyc")
+HELDOUT_VARIANTS = ("m6", "f4")
+
+
+@dataclass(frozen=True)
+class VoiceSpec:
+    """A voice of the catalogue; `render` draws the per-utterance speed and pitch."""
+
+    engine: str  # "espeak" | "flite"
+    base: str  # espeak voice name (with +variant) or flite voice name
+    speaker: str  # split key
+    female: bool
+    weight: float  # relative share of training utterances
+
+    @property
+    def key(self) -> str:
+        return f"{self.engine}:{self.base}"
+
+    def render(self, rng: np.random.Generator) -> EspeakVoice | FliteVoice:
+        speed = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))
+        if self.engine == "flite":
+            f0 = 0.0
+            if self.base == "kal16":
+                f0 = float(rng.uniform(95, 170))
+            elif self.base == "slt":
+                f0 = float(rng.uniform(150, 230))
+            return FliteVoice(self.base, stretch=1.0 / speed, f0_mean=f0)
+        return EspeakVoice(self.base, rate_wpm=round(175 * speed), pitch=rng.integers(25, 76).item(),
+                           pitch_range=rng.integers(30, 71).item())
+
+
+def _formant(accent: str, variant: str, weight: float) -> VoiceSpec:
+    base = accent + (f"+{variant}" if variant else "")
+    return VoiceSpec("espeak", base, f"espeak-formant:{base}", variant.startswith("f"), weight)
+
+
+def catalogue() -> tuple[list[VoiceSpec], list[VoiceSpec]]:
+    """(training voices, held-out voices). Weights: recorded-speaker voices carry most of the data;
+    the formant voices (poor acoustic match to real speech, speech_data.md §8) about a quarter."""
+    train = [
+        VoiceSpec("flite", "slt", "slt", True, 1.5),
+        VoiceSpec("flite", "rms", "rms", False, 1.5),
+        VoiceSpec("flite", "kal16", "kal", False, 1.2),
+        VoiceSpec("espeak", "mb-us1", "us1", True, 1.5),
+        VoiceSpec("espeak", "mb-us2", "us2", False, 1.2),
+    ]
+    n_formant = len(TRAIN_ACCENTS) * len(TRAIN_VARIANTS)
+    train += [_formant(a, v, 2.3 / n_formant) for a in TRAIN_ACCENTS for v in TRAIN_VARIANTS]
+    heldout = [
+        VoiceSpec("flite", "awb", "awb", False, 1.0),
+        VoiceSpec("espeak", "mb-us3", "us3", False, 1.0),
+        VoiceSpec("espeak", "mb-en1", "en1", False, 1.0),
+        _formant("en-029", "m6", 1.0),
+        _formant("en-us-nyc", "f4", 1.0),
+    ]
+    return train, heldout
+
+
+def mbrola_voice_available(name: str, espeak_data: str | None) -> bool:
+    """mbrola voices need the voice file (in espeak-ng-data/mbrola/ or /usr/share/mbrola/) and the
+    `mbrola` program on PATH; a voice missing either is left out of the catalogue."""
+    from shutil import which
+
+    short = name.removeprefix("mb-")
+    if which("mbrola") is None:
+        return False
+    roots = [Path(p) / "mbrola" for p in (espeak_data, os.environ.get("STREAMSCRIBE_ESPEAK_DATA")) if p]
+    roots += [Path(p) / "espeak-ng-data" / "mbrola" for p in (espeak_data,) if p]
+    roots.append(Path("/usr/share/mbrola"))
+    return any((r / short).is_file() or (r / short / short).is_file() for r in roots)
+
+
+def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, espeak_data: str | None = None
+              ) -> list[VoiceSpec]:
+    out = []
+    for v in voices:
+        if v.engine == "flite" and not flite:
+            continue
+        if v.engine == "espeak" and (not espeak or (v.base.startswith("mb-")
+                                                   and not mbrola_voice_available(v.base, espeak_data))):
+            continue
+        out.append(v)
+    return out

@@ -1,0 +1,38 @@
+"""Speculative decoding for streamscribe: a multimodal Eagle drafter, its capability contract, training.
+
+Job: propose several tokens per stream per step so that a stream with buffered audio (catch-up,
+end-of-stream flush, offline files) advances faster than one token per step; the batched engine
+(`realtime.engine.speculation`) verifies the proposals with the target model, losslessly.
+
+Files:
+- `capability`: the `SupportsMultiModalEmbeddings` protocol, its `TypeIs` guard, the target-side
+  flag, and the load-time decision whether a drafter receives audio embeddings.
+- `drafter`: the Eagle drafter network (fc over [fused input embedding; target hidden], decoder
+  layer(s), tied embedding/head borrowed from the target) and its checkpoint format.
+- `train`: distillation of a drafter from a target checkpoint on audio (CLI).
+
+Imports allowed: torch, safetensors, numpy, typing_extensions and the model-level parts of
+`realtime` (config, model, attention, audio, loader, session, tokenizer); `train` may also use
+`realtime.engine` (its offline path labels the training audio). Nothing under `realtime.engine`
+is imported by `capability` or `drafter`, so the engine can import them without a cycle.
+"""
+
+from .capability import (
+    SupportsMultiModalEmbeddings,
+    drafter_receives_audio,
+    produces_multimodal_embeddings,
+    supports_multimodal_embeddings,
+)
+from .drafter import DrafterConfig, EagleDrafter, EagleModel, load_drafter, save_drafter
+
+__all__ = [
+    "DrafterConfig",
+    "EagleDrafter",
+    "EagleModel",
+    "SupportsMultiModalEmbeddings",
+    "drafter_receives_audio",
+    "load_drafter",
+    "produces_multimodal_embeddings",
+    "save_drafter",
+    "supports_multimodal_embeddings",
+]

@@ -1,0 +1,69 @@
+"""Declared capabilities of targets and drafters, and the load-time audio decision.
+
+A drafter gets the audio embedding of each drafted position only when both sides declare it:
+- the target *produces* per-position multimodal embeddings (`produces_multimodal_embeddings`
+  class flag, True for the realtime engine's target: its encoder cache holds one audio embedding
+  per LM position);
+- the drafter *accepts* them: it subclasses / declares `SupportsMultiModalEmbeddings`
+  (`supports_multimodal_embeddings: ClassVar[Literal[True]]`). Having an `embed_input_ids`
+  method with the right signature is not a declaration: capabilities are declared, not probed
+  (DESIGN §4), so a look-alike drafter drafts text-only, with one warning naming its class.
+
+The decision is made once, at drafter load; buffers that depend on it are allocated afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import ClassVar, Literal, Protocol
+
+import torch
+from typing_extensions import TypeIs
+
+logger = logging.getLogger(__name__)
+
+
+class SupportsMultiModalEmbeddings(Protocol):
+    """A drafter whose input embedding can merge per-position multimodal (audio) embeddings.
+
+    `embed_input_ids` is the one entry point where token and audio embeddings are merged:
+    `input_ids` [T] -> [T, H]; `multimodal_embeddings` [T, H] aligned with `input_ids` (None:
+    text only); `is_multimodal` [T] bool marks the rows whose multimodal embedding is valid
+    (None: all rows of a given `multimodal_embeddings`).
+    """
+
+    # The value makes explicit subclasses declare the capability (as vLLM's SupportsMultiModal).
+    supports_multimodal_embeddings: ClassVar[Literal[True]] = True
+
+    def embed_input_ids(self, input_ids: torch.Tensor, multimodal_embeddings: torch.Tensor | None = None, *,
+                        is_multimodal: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+def supports_multimodal_embeddings(model: object) -> TypeIs[SupportsMultiModalEmbeddings]:
+    """True only if the model's class declares the capability (the flag is exactly True)."""
+    return getattr(type(model), "supports_multimodal_embeddings", False) is True
+
+
+def produces_multimodal_embeddings(target: object) -> bool:
+    """True if the target declares that it produces one multimodal embedding per LM position."""
+    return getattr(type(target), "produces_multimodal_embeddings", False) is True
+
+
+def drafter_receives_audio(target: object, drafter: object) -> bool:
+    """The load-time decision: audio embeddings go to the drafter only if both sides declare it.
+
+    Logs one warning (naming the drafter class) when the drafter will draft text-only.
+    """
+    name = type(drafter).__qualname__
+    if not produces_multimodal_embeddings(target):
+        logger.info("target %s produces no multimodal embeddings: drafter %s drafts text-only",
+                    type(target).__qualname__, name)
+        return False
+    if not supports_multimodal_embeddings(drafter):
+        has_method = callable(getattr(drafter, "embed_input_ids", None))
+        logger.warning("drafter %s does not declare supports_multimodal_embeddings%s: it drafts text-only "
+                       "(no audio embeddings), expect a lower acceptance rate", name,
+                       " (it has an embed_input_ids method, but a signature is not a declaration)"
+                       if has_method else "")
+        return False
+    return True

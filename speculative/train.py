@@ -1,0 +1,510 @@
+"""Distil an Eagle drafter from a target checkpoint on audio.
+
+    python -m speculative.train --target DIR --audio FILES... --out DIR --steps N
+        [--device cuda --dtype bf16] [--delays 480 ...] [--k 4] [--layers 1] [--window 512] ...
+
+1. Teacher data: the target transcribes every file (greedy, through the batched offline engine) at
+   each delay; a teacher-forced pass over its own greedy tokens (chunked, sliding-window caches)
+   records, per LM position q, the audio embedding a_q and the final hidden state h_q. Cached in
+   `OUT/teacher.pt` (keyed by target, files and delays) so a resumed run does not redo it.
+2. Training: windows of consecutive positions; the drafter reads `x_q = embed(tok_q) + a_q` and
+   `h_{q-1}` and learns the target's next token tok_{q+1} (cross-entropy through the tied head)
+   and h_q itself (smooth-L1: its output is recycled as the next draft step's hidden state).
+   `--unroll U` also trains depths 2..U, where h_{q-1} is replaced by the drafter's own previous
+   output, as at draft steps after the first (Eagle-3's training-time test, simplified: the keys
+   of earlier positions come from the same depth).
+3. Every `--save-every` steps and at the end: the drafter checkpoint (`drafter_config.json`,
+   `drafter.safetensors`) and `train_state.pt` (weights, optimizer, RNG, step): running the same
+   command again resumes (or extends to a larger --steps); `--fresh` starts over.
+4. At the end the drafter is measured in the engine (offline transcription with speculation) on
+   `--eval-audio` (default: the first training files): acceptance figures go to
+   `OUT/train_report.json`.
+
+Runs on CUDA for the full-size model (bf16 autocast, fp32 master weights) and on the CPU for tiny
+checkpoints. `train_drafter()` is the Python entry point (tests pass synthetic audio arrays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from realtime.attention import DenseAttention, SlidingWindowCache
+from realtime.audio import IncrementalLogMel, as_mono_float32
+from realtime.model import VoxtralRealtime
+
+from .capability import drafter_receives_audio
+from .drafter import DrafterConfig, EagleDrafter, EagleModel, load_drafter, save_drafter
+
+logger = logging.getLogger("speculative.train")
+
+STATE_FILE = "train_state.pt"
+TEACHER_FILE = "teacher.pt"
+REPORT_FILE = "train_report.json"
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch: int = 8  # windows per step
+    seq_len: int = 256  # positions per window
+    lr: float = 5e-4
+    warmup: int = 50
+    weight_decay: float = 0.0
+    unroll: int = 3  # depths trained (1 = plain teacher forcing)
+    depth_decay: float = 0.8  # loss weight of depth d is depth_decay ** d
+    hidden_loss: float = 0.1  # weight of the smooth-L1 loss on the predicted hidden state
+    layers: int = 1
+    window: int = 512  # the drafter's attention window
+    text_only: bool = False  # train an EagleModel (no audio): the ablation of the multimodal drafter
+    delays_ms: list[int] = field(default_factory=lambda: [480])
+    save_every: int = 200
+    log_every: int = 20
+    seed: int = 0
+    eval_k: int = 4
+    eval_clips: int = 4
+
+
+class TeacherTarget:
+    """The target as the capability check sees it during training (it yields per-position audio)."""
+
+    produces_multimodal_embeddings: ClassVar[bool] = True
+
+
+@dataclass
+class TeacherSequence:
+    tokens: torch.Tensor  # [T] int64: prompt + the target's greedy tokens
+    audio: torch.Tensor  # [T-1, H] audio embedding of positions 0..T-2
+    hidden: torch.Tensor  # [T-1, H] the target's final hidden state there (it decides token q+1)
+    delay_tokens: int
+    prompt_len: int
+
+
+# ---------------------------------------------------------------------------------------------
+# Teacher data
+# ---------------------------------------------------------------------------------------------
+@torch.no_grad()
+def teacher_forced(model: VoxtralRealtime, audio: np.ndarray, tokens: list[int], delay_tokens: int,
+                   chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Audio embeddings and final hidden states [T-1, H] of the target at the positions that decide
+    a token (all but the last of `tokens`), for the stream padded as the session pads it; chunked
+    so memory stays bounded by the windows."""
+    cfg = model.config
+    dev = model.device
+    spt, mpt, fpt = cfg.samples_per_token, cfg.streaming.mel_frames_per_token, cfg.streaming.downsample_factor
+    mel = IncrementalLogMel(cfg.audio)
+    mel.push(torch.zeros(cfg.streaming.n_left_pad_tokens * spt))
+    mel.push(torch.from_numpy(audio))
+    mel.push(torch.zeros((-audio.size) % spt + cfg.right_pad_tokens(delay_tokens) * spt))
+    n_tok = len(tokens) - 1
+    if mel.available() < n_tok * mpt:
+        raise ValueError(f"{n_tok} tokens need {n_tok * mpt} mel frames, the padded audio has {mel.available()}")
+    enc = SlidingWindowCache(cfg.encoder.num_layers, cfg.encoder.sliding_window)
+    dec = SlidingWindowCache(cfg.decoder.num_layers, cfg.decoder.sliding_window)
+    conv = model.audio_tower.embedder.initial_state(1, dev, model.dtype)
+    t_cond = model.t_cond(torch.tensor([delay_tokens], device=dev))[:, None, :]
+    auds, hids = [], []
+    for a in range(0, n_tok, chunk):
+        n = min(chunk, n_tok - a)
+        m = mel.compute(n * mpt)[None].to(dev)
+        epos = torch.arange(a * fpt, (a + n) * fpt, device=dev)[None]
+        enc.begin(epos)
+        emb, conv = model.encode(m, conv, epos, enc)
+        pos = torch.arange(a, a + n, device=dev)[None]
+        dec.begin(pos)
+        ids = torch.tensor(tokens[a: a + n], device=dev)[None]
+        hid = model.decode(model.embed_tokens(ids) + emb, pos, t_cond, dec)
+        auds.append(emb[0])
+        hids.append(hid[0])
+    return torch.cat(auds), torch.cat(hids)
+
+
+def label_audio(model: VoxtralRealtime, audios: Sequence[np.ndarray], delays_ms: Sequence[int],
+                store_device: str | torch.device = "cpu", batch: int = 64) -> list[TeacherSequence]:
+    """Greedy transcripts of every clip at every delay, then teacher-forced features."""
+    from realtime.engine.model_runner import RunnerOptions
+    from realtime.engine.offline import transcribe_batch
+
+    cfg = model.config
+    seqs: list[TeacherSequence] = []
+    agree = total = 0
+    for delay_ms in delays_ms:
+        d = cfg.delay_tokens(delay_ms)
+        prompt = cfg.prompt_ids(d)
+        n = max(1, min(batch, len(audios)))
+        opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=model.device.type == "cuda")
+        run = transcribe_batch(model, _NullTokenizer(), audios, delay_ms=delay_ms, opts=opts)
+        for a, res in zip(audios, run.results):
+            tokens = prompt + res.token_ids
+            aud, hid = teacher_forced(model, a, tokens, d)
+            pred = model.logits(hid[len(prompt) - 1:]).argmax(-1).cpu()
+            agree += int((pred == torch.tensor(tokens[len(prompt):])).sum())
+            total += pred.numel()
+            seqs.append(TeacherSequence(torch.tensor(tokens), aud.to(store_device), hid.to(store_device), d,
+                                        len(prompt)))
+    logger.info("teacher: %d sequences, %d positions; teacher-forced argmax agrees with greedy on %.4f",
+                len(seqs), sum(len(s.tokens) for s in seqs), agree / max(total, 1))
+    return seqs
+
+
+class _NullTokenizer:
+    """Stands in for a text tokenizer where only token ids matter (labelling, measuring)."""
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return b""
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def init_drafter(model: VoxtralRealtime, tc: TrainConfig) -> EagleModel:
+    """Start from 'the drafter predicts the target's output from x_q alone': fc = [I, 0], the
+    layers copied from the target's last layer with their residual branches zeroed, the target's
+    final norm. Training then only has to learn corrections."""
+    cfg = DrafterConfig.for_target(model.config, num_layers=tc.layers, sliding_window=tc.window)
+    cls = EagleModel if tc.text_only else EagleDrafter
+    d = cls(cfg)
+    h = cfg.hidden_size
+    with torch.no_grad():
+        d.fc.weight.zero_()
+        d.fc.weight[:, :h] = torch.eye(h)
+        last = model.language_model.layers[-1].state_dict()
+        for layer in d.layers:
+            layer.load_state_dict({k: v.detach().to("cpu", torch.float32) for k, v in last.items()})
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        d.norm.weight.copy_(model.language_model.norm.weight.detach().float().cpu())
+    return d
+
+
+def _config_key(target_dir: str, files: Sequence[str], tc: TrainConfig, audios: Sequence[np.ndarray]) -> str:
+    h = hashlib.sha256()
+    h.update(str(Path(target_dir).resolve()).encode())
+    for f in files:
+        h.update(f.encode())
+    for a in audios:
+        h.update(str(a.size).encode())
+        h.update(a[:: max(1, a.size // 4096)].tobytes())
+    h.update(json.dumps(sorted(tc.delays_ms)).encode())
+    return h.hexdigest()[:16]
+
+
+class Progress:
+    """One status line: redrawn in place on a terminal, logged every `every` steps otherwise."""
+
+    def __init__(self, total: int, start: int, every: int) -> None:
+        self.total, self.start, self.every = total, start, every
+        self.t0 = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def update(self, step: int, msg: str) -> None:
+        done = step - self.start
+        rate = done / max(time.perf_counter() - self.t0, 1e-9)
+        eta = (self.total - step) / rate if rate > 0 else float("inf")
+        line = f"step {step}/{self.total} {msg} | {rate:.2f} it/s, ETA {eta / 60:.1f} min"
+        if self.tty:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+            if step == self.total:
+                print(file=sys.stderr)
+        elif step % self.every == 0 or step == self.total:
+            logger.info(line)
+
+
+def _sample_batch(seqs: list[TeacherSequence], tc: TrainConfig, gen: torch.Generator, dev: torch.device
+                  ) -> dict[str, torch.Tensor]:
+    """B windows of consecutive positions q: inputs x_q and h_{q-1} (zeros at q = 0, as in the
+    engine's drafter prefill), targets tok_{q+1} and h_q; the loss counts only positions whose
+    target token was generated (q >= prompt_len - 1)."""
+    lengths = torch.tensor([len(s.hidden) for s in seqs], dtype=torch.float64)  # positions 0..T-2
+    idx = torch.multinomial(lengths, tc.batch, replacement=True, generator=gen).tolist()
+    win = min(tc.seq_len, max(len(seqs[i].hidden) for i in idx))
+    tok_in, aud, hid_prev, hid_tgt, tok_tgt, pos, mask, delay = [], [], [], [], [], [], [], []
+    for i in idx:
+        s = seqs[i]
+        usable = len(s.hidden)
+        n = min(win, usable)
+        start = int(torch.randint(0, usable - n + 1, (1,), generator=gen))
+        q = torch.arange(start, start + win)
+        qc = q.clamp(max=usable - 1)  # a short sequence's padded tail repeats its last position (masked)
+        tok_in.append(s.tokens[qc])
+        aud.append(s.audio[qc])
+        hid_prev.append(torch.where((qc > 0).to(s.hidden.device)[:, None], s.hidden[(qc - 1).clamp(min=0)], 0.0))
+        hid_tgt.append(s.hidden[qc])
+        tok_tgt.append(s.tokens[qc + 1])
+        pos.append(q)
+        mask.append((q < start + n) & (q >= s.prompt_len - 1))
+        delay.append(s.delay_tokens)
+    stack = lambda xs: torch.stack(xs).to(dev)
+    return {"tok_in": stack(tok_in), "audio": stack(aud), "hid_prev": stack(hid_prev), "hid_tgt": stack(hid_tgt),
+            "tok_tgt": stack(tok_tgt), "pos": stack(pos), "mask": stack(mask),
+            "delay": torch.tensor(delay, device=dev)}
+
+
+def _train_step(drafter: EagleModel, batch: dict[str, torch.Tensor], tc: TrainConfig, use_audio: bool,
+                autocast: bool) -> tuple[torch.Tensor, list[float], float]:
+    dev = batch["pos"].device
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
+        x = drafter.embed_input_ids(batch["tok_in"], batch["audio"].to(drafter.dtype) if use_audio else None)
+        t_cond = drafter.t_cond(batch["delay"])[:, None, :]
+        hid_in = batch["hid_prev"].to(drafter.dtype)
+        attn = DenseAttention(batch["pos"], drafter.config.sliding_window)
+        mask = batch["mask"]
+        n = mask.sum().clamp(min=1)
+        loss = torch.zeros((), device=dev)
+        accs = []
+        hid_tgt = batch["hid_tgt"].float()
+        for depth in range(tc.unroll):
+            g = drafter(x, hid_in, batch["pos"], t_cond, attn)
+            logits = drafter.logits(g).float()
+            ce = F.cross_entropy(logits.flatten(0, 1), batch["tok_tgt"].flatten(), reduction="none").view(mask.shape)
+            reg = F.smooth_l1_loss(g.float(), hid_tgt, reduction="none").mean(-1)
+            w = tc.depth_decay ** depth
+            loss = loss + w * (((ce + tc.hidden_loss * reg) * mask).sum() / n)
+            with torch.no_grad():
+                accs.append(float(((logits.argmax(-1) == batch["tok_tgt"]) & mask).sum() / n))
+            # next depth: position q reads the drafter's estimate of h_{q-1} instead of the target's
+            hid_in = torch.cat([batch["hid_prev"][:, :1].to(g.dtype), g[:, :-1]], dim=1)
+    return loss, accs, float(n)
+
+
+def _lr_at(step: int, tc: TrainConfig) -> float:
+    if step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    frac = (step - tc.warmup) / max(1, tc.steps - tc.warmup)
+    return tc.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    steps: int
+    resumed_from: int
+    history: list[dict]
+    report: dict
+
+
+def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir: str | Path,
+                  tc: TrainConfig | None = None, *, target_dir: str = "", files: Sequence[str] = (),
+                  fresh: bool = False, eval_audios: Sequence[np.ndarray] | None = None,
+                  stop_after: int | None = None, max_minutes: float | None = None) -> TrainResult:
+    """Train (or resume) to `tc.steps`. `stop_after` steps / `max_minutes` end this call early
+    with a saved state (time-limited jobs: run the same command again to continue); the engine
+    measurement runs only once training is complete."""
+    tc = tc or TrainConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = model.device
+    audios = [as_mono_float32(a) for a in audios]
+    for p in model.parameters():
+        p.requires_grad_(False)
+
+    # ---- teacher data (cached) ----
+    key = _config_key(target_dir, files, tc, audios)
+    tfile = out / TEACHER_FILE
+    seqs: list[TeacherSequence] | None = None
+    if tfile.exists() and not fresh:
+        blob = torch.load(tfile, weights_only=False)
+        if blob.get("key") == key:
+            seqs = [TeacherSequence(**s) for s in blob["seqs"]]
+            logger.info("teacher data: reusing %s (%d sequences)", tfile, len(seqs))
+    if seqs is None:
+        t0 = time.perf_counter()
+        seqs = label_audio(model, audios, tc.delays_ms, store_device="cpu")
+        torch.save({"key": key, "seqs": [asdict(s) for s in seqs]}, tfile)
+        logger.info("teacher data: %.1f s", time.perf_counter() - t0)
+    seqs = [s for s in seqs if len(s.hidden) >= 1]
+    if not seqs:
+        raise ValueError("no training positions: the audio is too short")
+    if dev.type == "cuda":  # features next to the model: sampling stays on the device
+        seqs = [TeacherSequence(s.tokens, s.audio.to(dev), s.hidden.to(dev), s.delay_tokens, s.prompt_len)
+                for s in seqs]
+
+    # ---- drafter, optimizer, resume ----
+    drafter = init_drafter(model, tc).to(dev)
+    embed32 = model.language_model.embed_tokens.weight.detach().float()
+    drafter.tie_to(embed32)
+    use_audio = drafter_receives_audio(TeacherTarget(), drafter)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    gen = torch.Generator().manual_seed(tc.seed)
+    step = 0
+    history: list[dict] = []
+    sfile = out / STATE_FILE
+    if sfile.exists() and not fresh:
+        st = torch.load(sfile, weights_only=False)
+        if st["drafter_config"] != asdict(drafter.config) or st["arch"] != type(drafter).__name__:
+            raise ValueError(f"{sfile} is for a different drafter ({st['arch']} {st['drafter_config']}): "
+                             "use --fresh or another --out")
+        drafter.load_state_dict(st["drafter"])
+        opt.load_state_dict(st["optimizer"])
+        gen.set_state(st["generator"])
+        step, history = st["step"], st["history"]
+        logger.info("resuming from step %d (%s)", step, sfile)
+    resumed_from = step
+
+    def save() -> None:
+        save_drafter(drafter, out)
+        torch.save({"step": step, "drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
+                    "generator": gen.get_state(), "history": history, "arch": type(drafter).__name__,
+                    "drafter_config": asdict(drafter.config), "train_config": asdict(tc)}, out / (STATE_FILE + ".tmp"))
+        (out / (STATE_FILE + ".tmp")).replace(sfile)
+
+    autocast = dev.type == "cuda"
+    prog = Progress(tc.steps, step, tc.log_every)
+    drafter.train()
+    t_start = time.perf_counter()
+    while step < tc.steps:
+        if (stop_after is not None and step - resumed_from >= stop_after) or \
+                (max_minutes is not None and time.perf_counter() - t_start > 60 * max_minutes):
+            save()
+            logger.info("stopping at step %d of %d (time or step budget): run again to resume", step, tc.steps)
+            return TrainResult(out, step, resumed_from, history, {})
+        batch = _sample_batch(seqs, tc, gen, dev)
+        for g_ in opt.param_groups:
+            g_["lr"] = _lr_at(step, tc)
+        loss, accs, _ = _train_step(drafter, batch, tc, use_audio, autocast)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        step += 1
+        rec = {"step": step, "loss": float(loss.detach()), "acc": accs, "lr": _lr_at(step - 1, tc)}
+        history.append(rec)
+        prog.update(step, f"loss {rec['loss']:.3f} acc@depth {'/'.join(f'{a:.2f}' for a in accs)}")
+        if step % tc.save_every == 0 or step == tc.steps:
+            save()
+    if step == resumed_from:
+        save()  # nothing to train (already at --steps): still leave a checkpoint behind
+    drafter.eval()
+
+    # ---- measure in the engine ----
+    held_out = eval_audios is not None
+    report = evaluate_in_engine(model, out, list(eval_audios) if held_out else audios[: tc.eval_clips], tc)
+    report["eval_audio"] = "held-out" if held_out else f"the first {tc.eval_clips} training clips (optimistic)"
+    report["train"] = {"steps": step, "resumed_from": resumed_from,
+                       "final_loss": history[-1]["loss"] if history else None,
+                       "final_acc": history[-1]["acc"] if history else None}
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
+    return TrainResult(out, step, resumed_from, history, report)
+
+
+def evaluate_in_engine(model: VoxtralRealtime, drafter_dir: Path, audios: Sequence[np.ndarray],
+                       tc: TrainConfig) -> dict:
+    """Offline transcription with the saved drafter: acceptance figures (and that nothing changed)."""
+    from realtime.engine.model_runner import RunnerOptions
+    from realtime.engine.offline import transcribe_batch
+    from realtime.engine.speculation import SpeculativeConfig
+
+    if not audios:
+        return {}
+    drafter = load_drafter(drafter_dir, target_embedding=model.language_model.embed_tokens.weight,
+                           device=model.device, dtype=model.dtype)
+    n = max(1, min(16, len(audios)))
+    opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=model.device.type == "cuda",
+                         max_step_tokens=max(8, tc.eval_k + 1))
+    out = {}
+    for delay_ms in tc.delays_ms:
+        base = transcribe_batch(model, _NullTokenizer(), audios, delay_ms=delay_ms, opts=opts)
+        spec = transcribe_batch(model, _NullTokenizer(), audios, delay_ms=delay_ms, opts=opts,
+                                speculative=SpeculativeConfig(drafter, num_speculative_tokens=tc.eval_k))
+        st = spec.stats
+        same = sum(a.token_ids == b.token_ids for a, b in zip(base.results, spec.results))
+        out[str(delay_ms)] = {
+            "k": tc.eval_k, "acceptance_rate": st.spec_acceptance_rate,
+            "mean_acceptance_length": st.spec_mean_acceptance_length,
+            "per_position_acceptance": [a / d if d else 0.0 for a, d in
+                                        zip(st.spec_accepted_per_position, st.spec_drafted_per_position)],
+            "steps_without": base.steps, "steps_with": spec.steps, "identical_outputs": f"{same}/{len(audios)}"}
+        logger.info("engine eval at %d ms: acceptance %.3f, mean acceptance length %.2f, steps %d -> %d, "
+                    "identical %d/%d", delay_ms, st.spec_acceptance_rate, st.spec_mean_acceptance_length,
+                    base.steps, spec.steps, same, len(audios))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def audio_paths(items: Sequence[str]) -> list[str]:
+    """Files as given; folders expanded to their WAV/FLAC files (sorted); .txt files read as lists."""
+    out: list[str] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            out += sorted(str(f) for f in p.rglob("*") if f.suffix.lower() in (".wav", ".flac"))
+        elif p.suffix.lower() == ".txt":
+            out += [ln.strip() for ln in p.read_text().splitlines() if ln.strip()]
+        else:
+            out.append(item)
+    if not out:
+        raise ValueError(f"no audio files in {list(items)}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from realtime.audio import AudioError, load_audio_file
+    from realtime.loader import CheckpointError, load_model
+
+    ap = argparse.ArgumentParser(description="Distil an Eagle drafter from a target checkpoint on audio.")
+    ap.add_argument("--target", required=True, help="target checkpoint folder")
+    ap.add_argument("--audio", nargs="+", required=True,
+                    help="training audio: WAV/FLAC files, folders (searched recursively) or .txt lists of paths")
+    ap.add_argument("--eval-audio", nargs="*", default=None, help="held-out files for the engine measurement")
+    ap.add_argument("--out", required=True, help="output folder (drafter checkpoint, train state, teacher cache)")
+    ap.add_argument("--steps", type=int, default=TrainConfig.steps)
+    ap.add_argument("--batch", type=int, default=TrainConfig.batch)
+    ap.add_argument("--seq-len", type=int, default=TrainConfig.seq_len)
+    ap.add_argument("--lr", type=float, default=TrainConfig.lr)
+    ap.add_argument("--unroll", type=int, default=TrainConfig.unroll)
+    ap.add_argument("--layers", type=int, default=TrainConfig.layers)
+    ap.add_argument("--window", type=int, default=TrainConfig.window)
+    ap.add_argument("--text-only", action="store_true", help="train a text-only drafter (ablation)")
+    ap.add_argument("--delays", type=int, nargs="+", default=[480], help="delays (ms) to label the audio at")
+    ap.add_argument("--k", type=int, default=TrainConfig.eval_k, help="draft tokens in the engine measurement")
+    ap.add_argument("--save-every", type=int, default=TrainConfig.save_every)
+    ap.add_argument("--log-every", type=int, default=TrainConfig.log_every)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fresh", action="store_true", help="ignore a saved train state / teacher cache")
+    ap.add_argument("--max-minutes", type=float, default=None,
+                    help="stop (saved) after this much training time; the same command resumes")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="target dtype (default bf16 on CUDA)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
+    tc = TrainConfig(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, unroll=args.unroll,
+                     layers=args.layers, window=args.window, text_only=args.text_only, delays_ms=args.delays,
+                     save_every=args.save_every, log_every=args.log_every, seed=args.seed, eval_k=args.k)
+    try:
+        model, _ = load_model(args.target, device=args.device, dtype=dtype)
+        files = audio_paths(args.audio)
+        audios = [load_audio_file(f, model.config.audio.sampling_rate) for f in files]
+        evals = [load_audio_file(f, model.config.audio.sampling_rate) for f in audio_paths(args.eval_audio)] \
+            if args.eval_audio else None
+        logger.info("%d training files, %.1f min of audio", len(files),
+                    sum(a.size for a in audios) / model.config.audio.sampling_rate / 60)
+        res = train_drafter(model, audios, args.out, tc, target_dir=args.target, files=files, fresh=args.fresh,
+                            eval_audios=evals, max_minutes=args.max_minutes)
+    except (AudioError, CheckpointError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(res.report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,12 @@
+"""streamscribe's websocket service: realtime speech-to-text over `/v1/realtime`.
+
+It speaks two dialects on one path — vLLM's (`vllm_dialect.py`) and OpenAI's Realtime transcription
+(`openai_dialect.py`) — plus HTTP routes on the same port (`http.py`), API keys and Origin checks
+(`auth.py`), Prometheus metrics (`metrics.py`) and server-side VAD (`vad.py`).
+
+It talks to the engine only through `realtime.serving` (the `TranscriptionEngine` protocol and its
+events); beyond that it uses `realtime.model_store` to load models (in `engine_factory.py`),
+`realtime.audio` for PCM decoding and resampling, and `realtime.config` constants.
+
+    python -m stream_server --model default --port 8000
+"""

@@ -1,0 +1,5 @@
+"""`python -m stream_server ...`: see `stream_server.app`."""
+
+from .app import main
+
+raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""Command line: build the engine, check the security settings, run the server until a signal.
+
+    python -m stream_server --model default --host 127.0.0.1 --port 8000
+    python -m stream_server --model /models/voxtral --device cuda --host 0.0.0.0 --api-key "$KEY"
+
+API keys can also come from the environment (`STREAMSCRIBE_API_KEYS`, comma-separated), which keeps
+them out of the process list. Binding a non-loopback host without a key is refused unless
+`--allow-no-auth` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from realtime.model_store import DEFAULT_MODEL_NAME
+
+from .auth import is_loopback_host
+from .engine_factory import DTYPES, ENGINES, build_engine
+from .settings import DEMO_DIR, ServerSettings
+
+logger = logging.getLogger("stream_server")
+
+API_KEYS_ENV = "STREAMSCRIBE_API_KEYS"
+
+
+def _nonneg_float(text: str) -> float:
+    v = float(text)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m stream_server", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="default", help="checkpoint folder, or 'default' for the embedded model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--engine", choices=ENGINES, default="batched",
+                   help="batched: all streams decoded together each step (paged KV, CUDA graphs); "
+                        "sequential: one session after another (reference)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run the batched engine's steps eagerly")
+    p.add_argument("--max-session-seconds", type=_nonneg_float, default=0.0,
+                   help="end sessions at this length (0: unlimited; a bound lets more streams fit in KV memory)")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="names clients may ask for (default: the --model argument)")
+    p.add_argument("--api-key", action="append", default=[],
+                   help=f"accepted API key (repeatable; also ${API_KEYS_ENV}, comma-separated)")
+    p.add_argument("--allow-no-auth", action="store_true", help="serve a non-loopback host without API keys")
+    p.add_argument("--allowed-origins", nargs="+", default=None,
+                   help="browser origins allowed besides the server's own (scheme://host[:port], or *); "
+                        "default: the server's own and localhost")
+    p.add_argument("--max-sessions", type=_positive_int, default=64)
+    p.add_argument("--idle-timeout", type=_nonneg_float, default=30.0, help="seconds (0 disables)")
+    p.add_argument("--max-message-bytes", type=_positive_int, default=1 << 20)
+    p.add_argument("--max-pending-audio", type=_nonneg_float, default=2.0,
+                   help="seconds of undecoded audio per session before reading pauses")
+    p.add_argument("--ping-interval", type=_nonneg_float, default=20.0, help="seconds (0 disables keepalive)")
+    p.add_argument("--ping-timeout", type=_nonneg_float, default=20.0)
+    p.add_argument("--demo-dir", type=Path, default=DEMO_DIR)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> ServerSettings:
+    """Validated settings; raises SystemExit with a message for unsafe or invalid combinations."""
+    env = os.environ if env is None else env
+    keys = [k for k in args.api_key if k]
+    keys += [k.strip() for k in env.get(API_KEYS_ENV, "").split(",") if k.strip()]
+    if not keys and not is_loopback_host(args.host) and not args.allow_no_auth:
+        raise SystemExit(f"refusing to serve {args.host} without an API key: pass --api-key (or set {API_KEYS_ENV}), "
+                         "or --allow-no-auth to serve it open")
+    names = tuple(args.served_model_name or [DEFAULT_MODEL_NAME if args.model == "default" else args.model])
+    return ServerSettings(
+        host=args.host, port=args.port, served_model_names=names, api_keys=tuple(keys),
+        allow_no_auth=args.allow_no_auth,
+        allowed_origins=tuple(args.allowed_origins) if args.allowed_origins else None,
+        max_sessions=args.max_sessions,
+        idle_timeout_s=args.idle_timeout if args.idle_timeout > 0 else float("inf"),
+        max_message_bytes=args.max_message_bytes, max_pending_audio_s=args.max_pending_audio,
+        ping_interval_s=args.ping_interval or None, ping_timeout_s=args.ping_timeout or None,
+        demo_dir=args.demo_dir,
+    )
+
+
+async def serve_until_signal(settings: ServerSettings, engine) -> None:
+    from .server import StreamServer
+
+    server = StreamServer(settings, engine)
+    await server.start()
+    print(f"streamscribe listening on ws://{settings.host}:{server.port}/v1/realtime", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not on the main thread / platform
+            pass
+    try:
+        await stop.wait()
+    finally:
+        logger.info("shutting down")
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_from_args(args)
+    device = args.device
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    engine = build_engine(args.engine, args.model, model_name=settings.served_model_names[0], device=device,
+                          dtype=args.dtype, max_streams=2 * settings.max_sessions, cuda_graphs=not args.no_cuda_graphs,
+                          max_session_seconds=args.max_session_seconds or None)
+    asyncio.run(serve_until_signal(settings, engine))
+    return 0

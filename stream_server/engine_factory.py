@@ -1,0 +1,51 @@
+"""Builds the transcription engine the server talks to (through `realtime.serving` only).
+
+One function, so that a new engine (`--engine batched`) is one more branch here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from realtime.model_store import load_model_and_tokenizer
+from realtime.serving import TranscriptionEngine
+
+logger = logging.getLogger(__name__)
+
+ENGINES = ("batched", "sequential")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu", dtype: str | None = None,
+                 max_streams: int = 64, cuda_graphs: bool = True, max_session_seconds: float | None = None,
+                 kv_memory_fraction: float = 0.9) -> TranscriptionEngine:
+    """Load `model` (a folder or "default") and wrap it in the engine `kind` (not started)."""
+    if kind not in ENGINES:
+        raise ValueError(f"unknown engine {kind!r} (available: {', '.join(ENGINES)})")
+    torch_dtype = DTYPES[dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
+    net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
+    logger.info("loaded model %s on %s (%s)", model, device, torch_dtype)
+    if kind == "sequential":
+        from realtime.sequential_engine import SequentialEngine
+
+        return SequentialEngine(net, tokenizer, model_name=model_name, max_streams=max_streams)
+    if kind == "batched":
+        from realtime.engine import BatchedEngine, RunnerOptions
+        from realtime.engine.model_runner import kv_bytes_per_stream
+
+        opts = RunnerOptions(max_streams=max_streams, max_batch=max_streams, cuda_graphs=cuda_graphs,
+                             max_session_seconds=max_session_seconds)
+        if net.device.type == "cuda":
+            # capacity is known up front: never admit more streams than their worst-case KV fits
+            per_stream = sum(kv_bytes_per_stream(net, opts))
+            free = torch.cuda.mem_get_info(net.device)[0]
+            fit = int(kv_memory_fraction * free // per_stream)
+            if fit < max_streams:
+                logger.warning("KV memory fits %d streams of %.0f MiB worst case (asked for %d)", fit,
+                               per_stream / 2**20, max_streams)
+                opts = RunnerOptions(max_streams=max(1, fit), max_batch=max(1, fit), cuda_graphs=cuda_graphs,
+                                     max_session_seconds=max_session_seconds)
+        return BatchedEngine(net, tokenizer, opts=opts, model_name=model_name)
+    raise AssertionError(kind)  # unreachable: checked above

@@ -1,0 +1,193 @@
+"""One engine stream seen from the event loop: push audio, get timed token updates and an outcome.
+
+Engine callbacks arrive on the engine thread; they are handed to the event loop with
+`loop.call_soon_threadsafe` and dropped there if the stream was closed meanwhile (the engine sends
+nothing after `close_stream`, but a callback may already be queued). The stream also remembers when
+each piece of audio arrived, so that the emission delay of a token (send time minus the arrival of
+the audio up to its `audio_end_ms`) can be measured when the token is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from realtime.serving import StreamDone, StreamError, StreamEvent, StreamFailed, StreamToken, TranscriptionEngine
+
+from .timestamps import TokenClock, Word, WordTracker
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000
+
+
+@dataclass(frozen=True)
+class TokenUpdate:
+    token_id: int
+    text: str
+    audio_end_ms: int  # client time base: audio the model had seen, clamped to the audio received
+    start_ms: int  # client time base: the audio frame this token transcribes
+    end_ms: int
+    words: list[Word]  # words this token completed
+    arrival: float  # monotonic time the audio up to audio_end_ms arrived
+
+
+MAX_FINAL_WORDS = 4096  # final events list every word only up to this many (see `final_words`)
+
+
+@dataclass(frozen=True)
+class StreamOutcome:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    words: list[Word]  # every word of the stream
+    tail_words: list[Word]  # the words no delta carried (completed by the end of the stream)
+    audio_start_ms: int
+    audio_end_ms: int
+    arrival: float
+    error: str | None = None  # set when the engine failed the stream
+
+    def final_words(self) -> tuple[list[Word], bool]:
+        """(words for the final event, truncated). Every word, unless there are more than
+        MAX_FINAL_WORDS: then only the tail, since the deltas already carried the others (so that an
+        hours-long segment does not end with a multi-megabyte event that clients refuse)."""
+        if len(self.words) <= MAX_FINAL_WORDS:
+            return self.words, False
+        return self.tail_words, True
+
+
+@dataclass
+class _Arrivals:
+    """Cumulative sample counts and their arrival times (monotonic), for emission delays.
+
+    Queries come in increasing sample order, so entries before the last answer are dropped now and
+    then: an hours-long stream keeps only what its undecoded audio needs.
+    """
+
+    ends: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+    def add(self, end_sample: int, t: float) -> None:
+        self.ends.append(end_sample)
+        self.times.append(t)
+
+    def time_of(self, sample: int, default: float) -> float:
+        i = bisect.bisect_left(self.ends, sample)
+        t = self.times[i] if i < len(self.times) else default
+        if i > 256:
+            del self.ends[:i], self.times[:i]
+        return t
+
+
+class EngineStream:
+    def __init__(self, engine: TranscriptionEngine, loop: asyncio.AbstractEventLoop, *, delay_ms: int | None,
+                 offset_ms: int, on_token: Callable[[TokenUpdate], None],
+                 on_end: Callable[[StreamOutcome], None]) -> None:
+        cfg = engine.config
+        self.engine, self.loop = engine, loop
+        self.offset_ms = offset_ms
+        self.delay_ms = cfg.streaming.default_delay_ms if delay_ms is None else delay_ms
+        self.clock = TokenClock(cfg.streaming.n_left_pad_tokens, cfg.delay_tokens(self.delay_ms),
+                                cfg.token_duration_ms)
+        self._on_token, self._on_end = on_token, on_end
+        self.samples = 0
+        self.finished = False  # finish requested
+        self.ended = False  # outcome delivered (or closed)
+        self.closed = False
+        self.last_progress = time.monotonic()
+        self._arrivals = _Arrivals()
+        self._finish_time = 0.0
+        self._words = WordTracker()
+        self._seen_ms = 0  # audio_end_ms only moves forward (a flushed tail token may report less)
+        self._eos = cfg.tokens.eos
+        self.eos_seen = False  # the model emitted its end token: later audio of this stream is not decoded
+        # raises AdmissionError / ConfigError; nothing to clean up if it does
+        self.stream_id = engine.open_stream(self._from_engine_thread, delay_ms=self.delay_ms)
+
+    # -- loop side --------------------------------------------------------------------------
+    @property
+    def audio_ms(self) -> int:
+        return self.samples * 1000 // SAMPLE_RATE
+
+    def push(self, samples: np.ndarray, arrival: float | None = None) -> None:
+        if samples.size == 0:
+            return
+        self.engine.push_audio(self.stream_id, samples)
+        self.samples += samples.size
+        self.last_progress = time.monotonic()  # the stall clock runs from the latest work handed over
+        self._arrivals.add(self.samples, time.monotonic() if arrival is None else arrival)
+
+    def finish(self) -> None:
+        if self.finished or self.closed:
+            self.finished = True
+            return
+        try:
+            self.engine.finish_stream(self.stream_id)
+        except StreamError:  # the engine already ended it (end token); its outcome is on the way
+            logger.debug("finish_stream(%s): already ended", self.stream_id)
+        self.finished = True
+        self._finish_time = time.monotonic()
+        self.last_progress = self._finish_time
+
+    def close(self) -> None:
+        """Abort (if still running) and free the engine's resources; idempotent."""
+        if not self.closed:
+            self.closed = True
+            self.ended = True
+            try:
+                self.engine.close_stream(self.stream_id)
+            except Exception:  # a broken engine must not stop the session's cleanup
+                logger.exception("close_stream(%s) failed", self.stream_id)
+
+    def pending_audio_seconds(self) -> float:
+        if self.ended:
+            return 0.0
+        return self.engine.pending_audio_seconds(self.stream_id)
+
+    @property
+    def awaiting_engine(self) -> bool:
+        """Work the engine owes us: undecoded audio or, after finish, the outcome."""
+        return not self.ended and (self.finished or self.pending_audio_seconds() > 0)
+
+    # -- engine thread -> loop ----------------------------------------------------------------
+    def _from_engine_thread(self, ev: StreamEvent) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._deliver, ev)
+        except RuntimeError:  # the loop is gone (server shutting down)
+            pass
+
+    def _deliver(self, ev: StreamEvent) -> None:
+        if self.closed or self.ended:
+            return
+        self.last_progress = time.monotonic()
+        if isinstance(ev, StreamToken):
+            self._on_token(self._token_update(ev))
+        elif isinstance(ev, StreamDone):
+            tail = self._words.flush()
+            self.close()  # the engine keeps a finished stream until it is closed
+            self._on_end(StreamOutcome(ev.text, ev.prompt_tokens, ev.completion_tokens, self._words.words, tail,
+                                       self.offset_ms, self.offset_ms + self.audio_ms, self._finish_time))
+        elif isinstance(ev, StreamFailed):
+            self.close()
+            self._on_end(StreamOutcome("", 0, 0, self._words.words, [], self.offset_ms,
+                                       self.offset_ms + self.audio_ms, self._finish_time, error=ev.message))
+
+    def _token_update(self, ev: StreamToken) -> TokenUpdate:
+        if ev.token_id == self._eos:
+            self.eos_seen = True
+        total = self.audio_ms
+        self._seen_ms = max(self._seen_ms, ev.audio_end_ms)
+        seen = min(self._seen_ms, total)
+        start, end = self.clock.frame_ms(ev.position)
+        start, end = min(max(start, 0), total), min(max(end, 0), total)
+        words = self._words.push(ev.text, self.offset_ms + start, self.offset_ms + end) if ev.text else []
+        default = self._finish_time if self.finished else time.monotonic()
+        arrival = self._arrivals.time_of(self._seen_ms * SAMPLE_RATE // 1000, default)
+        return TokenUpdate(ev.token_id, ev.text, self.offset_ms + seen, self.offset_ms + start, self.offset_ms + end,
+                           words, arrival)

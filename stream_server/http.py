@@ -1,0 +1,120 @@
+"""Plain HTTP on the websocket port: the demo page, /health, /v1/models, /metrics.
+
+These are answered from websockets' `process_request` hook, before any websocket handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import http
+import json
+import mimetypes
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from websockets.datastructures import Headers
+from websockets.http11 import Response
+
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".mjs": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".json": "application/json",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+    ".wav": "audio/wav",
+    ".flac": "audio/flac",
+    ".wasm": "application/wasm",
+    ".txt": "text/plain; charset=utf-8",
+}
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_STATIC_BYTES = 64 << 20
+
+
+def response(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> Response:
+    st = http.HTTPStatus(status)
+    headers = Headers([
+        ("Date", email.utils.formatdate(usegmt=True)),
+        ("Connection", "close"),
+        ("Content-Length", str(len(body))),
+        ("Content-Type", content_type),
+        ("X-Content-Type-Options", "nosniff"),
+        ("Cache-Control", "no-store"),
+    ])
+    for k, v in (extra or {}).items():
+        headers[k] = v
+    return Response(st.value, st.phrase, headers, body)
+
+
+def json_response(status: int, obj: Any, extra: dict[str, str] | None = None) -> Response:
+    return response(status, json.dumps(obj).encode(), "application/json", extra)
+
+
+def error_response(status: int, code: str, message: str, extra: dict[str, str] | None = None) -> Response:
+    return json_response(status, {"error": {"code": code, "message": message}}, extra)
+
+
+def content_type_for(path: Path) -> str:
+    return CONTENT_TYPES.get(path.suffix.lower()) or mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+
+
+def resolve_static(demo_dir: Path, url_path: str) -> Path | None:
+    """The file under `demo_dir` that `url_path` names, or None (also for anything outside it)."""
+    rel = url_path.lstrip("/") or "index.html"
+    root = demo_dir.resolve()
+    try:
+        target = (root / rel).resolve()
+    except (OSError, ValueError):
+        return None
+    if target != root and root not in target.parents:
+        return None  # ../ escapes and absolute paths
+    if target.is_dir():
+        target = target / "index.html"
+    return target if target.is_file() else None
+
+
+async def static_file(demo_dir: Path, url_path: str) -> Response:
+    target = resolve_static(demo_dir, url_path)
+    if target is None:
+        return error_response(404, "not_found", f"{url_path} not found")
+
+    def read() -> bytes | None:
+        return target.read_bytes() if target.stat().st_size <= MAX_STATIC_BYTES else None
+
+    body = await asyncio.to_thread(read)
+    if body is None:
+        return error_response(413, "too_large", f"{url_path} is too large to serve")
+    return response(200, body, content_type_for(target), {"Cache-Control": "no-cache"})
+
+
+class HttpRoutes:
+    """GET routes. `authorized` tells whether the request carried a valid key (or auth is off)."""
+
+    def __init__(self, *, demo_dir: Path, served_model_names: tuple[str, ...], created: int,
+                 health: Callable[[], dict[str, Any]], metrics_text: Callable[[], str]) -> None:
+        self.demo_dir = demo_dir
+        self.names = served_model_names
+        self.created = created
+        self.health = health
+        self.metrics_text = metrics_text
+
+    async def handle(self, path: str, *, authorized: bool) -> Response:
+        if path == "/health":
+            info = self.health()
+            return json_response(200 if info.get("status") == "ok" else 503, info)
+        if path == "/metrics":
+            return response(200, self.metrics_text().encode(), PROMETHEUS_CONTENT_TYPE)
+        if path == "/v1/models":
+            if not authorized:  # as OpenAI's API: listing models needs a key
+                return error_response(401, "invalid_api_key", "Missing or invalid API key",
+                                      {"WWW-Authenticate": "Bearer"})
+            return json_response(200, {"object": "list", "data": [
+                {"id": n, "object": "model", "created": self.created, "owned_by": "streamscribe"}
+                for n in self.names]})
+        if path.startswith("/v1/"):
+            return error_response(404, "not_found", f"{path} not found")
+        return await static_file(self.demo_dir, path)

@@ -1,0 +1,203 @@
+"""The websocket server: handshake checks, HTTP routes, session admission, engine stats polling.
+
+Handshake order for `/v1/realtime`: Origin check (403), API key (401), then the upgrade. A full
+server still completes the upgrade and then sends a `server_full` error event and closes with 1013
+(try again later), so every client sees why instead of hanging or guessing from an HTTP status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from realtime.serving import TranscriptionEngine
+
+from . import auth
+from .connection import CLOSE_TRY_AGAIN_LATER, Connection, ServerContext, wants_openai
+from .events import ProtocolError, dumps
+from .http import HttpRoutes, error_response
+from .metrics import Metrics
+from .openai_dialect import OpenAIDialect
+from .settings import REALTIME_PATH, ServerSettings
+
+logger = logging.getLogger(__name__)
+
+
+class StreamServer:
+    """Serves one engine. `start()` binds (port 0 picks a free port: see `port`); `stop()` ends all."""
+
+    def __init__(self, settings: ServerSettings, engine: TranscriptionEngine, *, owns_engine: bool = True) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.owns_engine = owns_engine
+        self.metrics = Metrics()
+        self.ctx = ServerContext(settings, engine, self.metrics,
+                                 ThreadPoolExecutor(max_workers=2, thread_name_prefix="vad"))
+        self.active: set[Connection] = set()
+        self._server: Server | None = None
+        self._stats_task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self.routes = HttpRoutes(demo_dir=settings.demo_dir, served_model_names=settings.served_model_names,
+                                 created=int(self.ctx.started_at), health=self._health,
+                                 metrics_text=self._metrics_text)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        if not s.served_model_names:
+            raise ValueError("at least one served model name is needed")
+        if self.owns_engine:
+            self.engine.start()
+        self._server = await serve(
+            self._handle, s.host, s.port,
+            process_request=self._process_request,
+            select_subprotocol=self._select_subprotocol,
+            compression=None,  # audio is incompressible base64: deflate would only cost CPU and memory
+            max_size=s.max_message_bytes * s.transport_max_factor,
+            max_queue=4,  # frames buffered before the library stops reading the socket (backpressure)
+            ping_interval=s.ping_interval_s,
+            ping_timeout=s.ping_timeout_s,
+            close_timeout=s.close_timeout_s,
+        )
+        self._stats_task = asyncio.create_task(self._poll_stats(), name="engine-stats")
+        logger.info("listening on ws://%s:%d%s (models: %s; auth %s)", s.host, self.port, REALTIME_PATH,
+                    ", ".join(s.served_model_names), "on" if s.auth_enabled else "off")
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "not started"
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+        if self._server is not None:
+            self._server.close(close_connections=True)  # 1001 going away to every session
+            await self._server.wait_closed()
+        if self.owns_engine:
+            await asyncio.to_thread(self.engine.stop)
+        self.ctx.vad_executor.shutdown(wait=False, cancel_futures=True)
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None
+        await self._server.serve_forever()
+
+    # -- handshake ------------------------------------------------------------------------------
+    def _select_subprotocol(self, connection: ServerConnection, offered: Sequence[str]) -> str | None:
+        # Browsers fail a handshake whose response names none of the subprotocols they offered, so
+        # one must be picked: "realtime" (OpenAI's browser clients offer it next to the key entry),
+        # else any entry that carries no key, and only as a last resort the key entry itself (the
+        # client sent it in this very handshake, so echoing it reveals nothing new).
+        if not offered:
+            return None
+        if "realtime" in offered:
+            return "realtime"
+        plain = [p for p in offered if not p.startswith(auth.KEY_SUBPROTOCOL_PREFIX)]
+        return plain[0] if plain else offered[0]
+
+    def _authorized(self, request: Request) -> bool:
+        if not self.settings.auth_enabled:
+            return True
+        protos = auth.offered_subprotocols(request.headers.get_all("Sec-WebSocket-Protocol"))
+        key = auth.extract_api_key(request.headers.get("Authorization"), request.path, protos)
+        return auth.key_matches(key, self.settings.api_keys)
+
+    async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = urlsplit(request.path).path
+        is_upgrade = "websocket" in request.headers.get("Upgrade", "").lower()
+        if not is_upgrade:
+            if path == REALTIME_PATH:
+                return error_response(426, "upgrade_required", f"{REALTIME_PATH} is a websocket endpoint",
+                                      {"Upgrade": "websocket"})
+            return await self.routes.handle(unquote(path), authorized=self._authorized(request))
+        if path != REALTIME_PATH:
+            self.metrics.rejected.inc("not_found")
+            return error_response(404, "not_found", f"no websocket endpoint at {path}; use {REALTIME_PATH}")
+        origin = request.headers.get("Origin")
+        if not auth.origin_allowed(origin, request.headers.get("Host"), self.settings.allowed_origins,
+                                   auth_enabled=self.settings.auth_enabled):
+            self.metrics.rejected.inc("origin")
+            logger.warning("refused websocket from origin %r", origin)
+            return error_response(403, "origin_not_allowed", f"Origin {origin} is not allowed (see --allowed-origins)")
+        if not self._authorized(request):
+            self.metrics.rejected.inc("unauthorized")
+            return error_response(401, "invalid_api_key", "Missing or invalid API key",
+                                  {"WWW-Authenticate": "Bearer"})
+        return None
+
+    # -- sessions -------------------------------------------------------------------------------
+    async def _handle(self, ws: ServerConnection) -> None:
+        query = parse_qs(urlsplit(ws.request.path).query) if ws.request is not None else {}
+        if len(self.active) >= self.settings.max_sessions:
+            await self._refuse_full(ws, query)
+            return
+        conn = Connection(ws, self.ctx, query)
+        self.active.add(conn)
+        self.metrics.sessions_active.set(len(self.active))
+        self.metrics.sessions_total.inc()
+        t0 = time.monotonic()
+        try:
+            await conn.run()
+        except Exception:
+            logger.exception("session %s crashed", conn.session_id)
+        finally:
+            self.active.discard(conn)
+            self.metrics.sessions_active.set(len(self.active))
+            self.metrics.session_seconds.observe(time.monotonic() - t0)
+
+    async def _refuse_full(self, ws: ServerConnection, query: dict[str, list[str]]) -> None:
+        self.metrics.rejected.inc("server_full")
+        self.metrics.errors.inc("server_full")
+        err = ProtocolError("server_full", f"The server is full ({self.settings.max_sessions} sessions); "
+                            "try again later")
+        if wants_openai(query):
+            event: dict[str, Any] = {"type": "error", "event_id": OpenAIDialect.new_event_id(), "error": {
+                "type": "server_error", "code": err.code, "message": err.message, "param": None, "event_id": None}}
+        else:
+            event = {"type": "error", "error": err.message, "code": err.code}
+        try:
+            await ws.send(dumps(event))
+            await ws.close(CLOSE_TRY_AGAIN_LATER, "server full")
+        except ConnectionClosed:  # the client may already be gone
+            logger.debug("refused client left before the server_full event")
+
+    # -- stats ----------------------------------------------------------------------------------
+    async def _poll_stats(self) -> None:
+        while True:
+            self._fold_stats()
+            await asyncio.sleep(self.settings.stats_interval_s)
+
+    def _fold_stats(self) -> None:
+        try:
+            self.metrics.record_engine_stats(self.engine.stats())
+        except Exception:
+            logger.exception("engine.stats() failed")
+
+    def _metrics_text(self) -> str:
+        self._fold_stats()
+        return self.metrics.render()
+
+    def _health(self) -> dict[str, Any]:
+        try:
+            stats = self.engine.stats()
+            self.metrics.record_engine_stats(stats)
+            engine: dict[str, Any] = {"active_streams": stats.active_streams, "max_streams": stats.max_streams,
+                                      "steps": stats.steps}
+            status = "ok" if not self._stopped else "stopping"
+        except Exception as exc:  # an engine that cannot even report is not healthy
+            engine, status = {"error": f"{type(exc).__name__}: {exc}"}, "error"
+        return {"status": status, "models": list(self.settings.served_model_names),
+                "active_sessions": len(self.active), "max_sessions": self.settings.max_sessions,
+                "engine": engine, "uptime_s": round(time.time() - self.ctx.started_at, 1)}

@@ -1,0 +1,43 @@
+"""Server settings: one dataclass filled from the command line (or directly by tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
+REALTIME_PATH = "/v1/realtime"
+
+
+@dataclass
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_names: tuple[str, ...] = ("streamscribe-default",)
+    api_keys: tuple[str, ...] = ()
+    allow_no_auth: bool = False  # serve a non-loopback host without keys (refused otherwise)
+    allowed_origins: tuple[str, ...] | None = None  # None: same host + localhost
+    max_sessions: int = 64
+    # A message above this gets an error event (the session goes on); the transport drops the
+    # connection only above `transport_max_factor` times it (so a runaway client costs bounded memory).
+    max_message_bytes: int = 1 << 20
+    transport_max_factor: int = 4
+    idle_timeout_s: float = 30.0  # no client message and nothing in flight for this long -> idle_timeout
+    ping_interval_s: float | None = 20.0
+    ping_timeout_s: float | None = 20.0
+    close_timeout_s: float = 5.0  # how long a closing handshake may take before the TCP connection is cut
+    # Backpressure: stop reading a socket while the engine has more than this much of the session's
+    # audio undecoded, or while this many bytes wait to be sent to it. Audio is never dropped.
+    max_pending_audio_s: float = 2.0
+    send_queue_high_bytes: int = 4 << 20
+    # Audio a client may leave waiting for a commit (vLLM dialect, before an utterance starts).
+    max_buffered_audio_s: float = 120.0
+    # An engine that makes no progress on a session's queued work for this long is reported
+    # (error event `engine_stalled`) and the session is closed, rather than hanging silently.
+    engine_stall_timeout_s: float = 60.0
+    stats_interval_s: float = 1.0
+    demo_dir: Path = field(default_factory=lambda: DEMO_DIR)
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys)

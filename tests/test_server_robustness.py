@@ -1,0 +1,539 @@
+"""Robustness, security and operations: concurrency, disconnects, limits, auth, origins, HTTP, CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_server_common import (  # noqa: F401  (fixtures)
+    MODEL,
+    b64,
+    ckpt,
+    clip,
+    engine,
+    fresh_vllm_utterance,
+    open_vllm,
+    pcm16,
+    read_utterance_vllm,
+    recv_json,
+    recv_until,
+    reference,
+    send_json,
+    send_utterance_vllm,
+    start_server,
+    utterance_vllm,
+    wait_no_streams,
+)
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from realtime.model_store import load_model_and_tokenizer
+from realtime.serving import StreamFailed, StreamToken
+from realtime.session import transcribe
+from stream_server.app import build_parser, settings_from_args
+from stream_server.engine_factory import build_engine
+
+SHORT = clip(0.4, seed=41)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+# -- concurrency -------------------------------------------------------------------------------------
+async def test_32_concurrent_paced_sessions_match_single_session(start_server, reference, engine):
+    srv = start_server(max_sessions=32)
+    clips = [clip(0.4 + 0.1 * (i % 4), seed=100 + i) for i in range(32)]
+
+    async def one(audio: np.ndarray) -> str:
+        ws = await open_vllm(srv.ws_url)
+        try:
+            # paced at 2x real time in 50 ms appends
+            return await utterance_vllm(ws, audio, chunk_bytes=1600, pace=2.0)
+        finally:
+            await ws.close()
+
+    texts = await asyncio.wait_for(asyncio.gather(*(one(c) for c in clips)), 150)
+    assert texts == [reference(c) for c in clips]
+    assert wait_no_streams(engine) == 0
+
+
+# -- disconnects ---------------------------------------------------------------------------------------
+async def test_disconnect_at_any_moment_frees_engine_streams(start_server, engine, reference):
+    srv = start_server()
+    audio = pcm16(clip(2.0, seed=42))
+
+    async def vllm_until(stage: str) -> None:
+        ws = await open_vllm(srv.ws_url)
+        if stage != "after_update":
+            await send_json(ws, {"type": "input_audio_buffer.commit"})
+        if stage in ("mid_audio", "after_final"):
+            for i in range(0, len(audio) // 2, 3200):
+                await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(audio[i: i + 3200])})
+        if stage == "after_final":
+            await send_json(ws, {"type": "input_audio_buffer.commit", "final": True})
+        if stage == "abort":
+            await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(audio)})
+            ws.transport.abort()  # no close handshake: the TCP connection just drops
+            return
+        await ws.close()
+
+    async def openai_mid_item() -> None:
+        ws = await connect(srv.ws_url + "?intent=transcription")
+        await recv_json(ws)
+        await send_json(ws, {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}}})
+        await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(audio)})
+        await asyncio.sleep(0.05)
+        await ws.close()
+
+    stages = ["after_update", "after_commit", "mid_audio", "after_final", "abort"]
+    await asyncio.gather(*(vllm_until(s) for s in stages), openai_mid_item())
+    assert wait_for(lambda: engine.stats().active_streams == 0)
+    assert wait_for(lambda: srv.call(lambda: len(srv.server.active)) == 0)
+    assert await fresh_vllm_utterance(srv.ws_url, SHORT) == reference(SHORT)
+
+
+async def test_dead_client_is_dropped_by_keepalive(start_server, engine):
+    srv = start_server(ping_interval_s=0.2, ping_timeout_s=0.2, close_timeout_s=0.5)
+    ws = await open_vllm(srv.ws_url, ping_interval=None)
+    await send_json(ws, {"type": "input_audio_buffer.commit"})
+    await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(pcm16(SHORT))})
+    await asyncio.sleep(0.1)
+    ws.transport.pause_reading()  # the client stops answering pings (a hung peer)
+    assert await asyncio.to_thread(wait_for, lambda: srv.call(lambda: len(srv.server.active)) == 0, 10)
+    assert await asyncio.to_thread(wait_for, lambda: engine.stats().active_streams == 0, 10)
+    ws.transport.abort()
+
+
+async def test_idle_connection_kept_alive_by_pings(start_server, reference):
+    srv = start_server(ping_interval_s=0.1, ping_timeout_s=1.0, idle_timeout_s=5.0)
+    ws = await open_vllm(srv.ws_url)
+    await asyncio.sleep(0.6)  # several keepalive rounds with no traffic
+    assert await utterance_vllm(ws, SHORT) == reference(SHORT)
+    await ws.close()
+
+
+# -- limits --------------------------------------------------------------------------------------------
+async def test_server_full_is_explicit_then_recovers(start_server, reference):
+    srv = start_server(max_sessions=2)
+    a = await open_vllm(srv.ws_url)
+    b = await open_vllm(srv.ws_url)
+    async with connect(srv.ws_url) as c:
+        err = await recv_json(c)
+        assert err == {"type": "error", "error": "The server is full (2 sessions); try again later",
+                       "code": "server_full"}
+        with pytest.raises(ConnectionClosed) as info:
+            await asyncio.wait_for(c.recv(), 5)
+        assert info.value.rcvd.code == 1013
+    async with connect(srv.ws_url + "?intent=transcription") as c:  # OpenAI clients get their error shape
+        err = await recv_json(c)
+        assert err["type"] == "error" and err["error"]["code"] == "server_full"
+    await a.close()
+    assert await asyncio.to_thread(wait_for, lambda: srv.call(lambda: len(srv.server.active)) == 1)
+    assert await fresh_vllm_utterance(srv.ws_url, SHORT) == reference(SHORT)
+    await b.close()
+    _, _, body = http_get(f"{srv.http_url}/metrics")
+    assert 'streamscribe_connections_rejected_total{reason="server_full"} 2' in body.decode()
+
+
+async def test_idle_timeout_closes_with_error(start_server):
+    srv = start_server(idle_timeout_s=0.4)
+    async with connect(srv.ws_url) as ws:
+        await recv_json(ws)
+        t0 = time.monotonic()
+        err = await recv_json(ws, timeout=5)
+        assert err["type"] == "error" and err["code"] == "idle_timeout"
+        assert 0.3 < time.monotonic() - t0 < 3
+        with pytest.raises(ConnectionClosed) as info:
+            await asyncio.wait_for(ws.recv(), 5)
+        assert info.value.rcvd.code == 1000
+
+
+async def test_idle_timeout_spares_active_sessions(start_server, reference):
+    srv = start_server(idle_timeout_s=0.5)
+    ws = await open_vllm(srv.ws_url)
+    audio = clip(2.0, seed=43)
+    # appends every 0.25 s for 2 s: never idle for 0.5 s
+    assert await utterance_vllm(ws, audio, chunk_bytes=8000, pace=1.0) == reference(audio)
+    await ws.close()
+
+
+async def test_slow_reader_blocks_nobody_and_loses_nothing(start_server, reference):
+    srv = start_server()
+    slow_audio = clip(3.0, seed=44)
+    slow = await open_vllm(srv.ws_url)
+    slow.transport.pause_reading()  # reads nothing for now
+    await send_utterance_vllm(slow, slow_audio, chunk_bytes=8192)
+    t0 = time.monotonic()
+    assert await fresh_vllm_utterance(srv.ws_url, SHORT) == reference(SHORT)
+    assert time.monotonic() - t0 < 30
+    slow.transport.resume_reading()
+    _, done = await read_utterance_vllm(slow)
+    assert done["text"] == reference(slow_audio)
+    await slow.close()
+
+
+async def test_send_queue_backpressure_pauses_reading_without_loss(start_server, reference):
+    srv = start_server(send_queue_high_bytes=1)  # any queued event pauses reading until it is sent
+    audio = clip(1.5, seed=45)
+    ws = await open_vllm(srv.ws_url)
+    assert await utterance_vllm(ws, audio) == reference(audio)
+    await ws.close()
+    assert srv.call(lambda: srv.server.metrics.read_pauses.get("send_queue")) > 0
+
+
+# -- engine failures -----------------------------------------------------------------------------------
+class FailingEngine:
+    """Delegates to a real engine, but fails every stream at its first token (StreamFailed)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.config, self.model_name = inner, inner.config, inner.model_name
+        self.fail = True
+
+    def open_stream(self, on_event, *, delay_ms=None):
+        failed = threading.Event()
+
+        def cb(ev):
+            if failed.is_set():
+                return
+            if self.fail and isinstance(ev, StreamToken):
+                failed.set()
+                on_event(StreamFailed(ev.stream_id, "injected failure"))
+                return
+            on_event(ev)
+
+        return self.inner.open_stream(cb, delay_ms=delay_ms)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+async def test_engine_failure_is_reported_and_session_goes_on(start_server, engine, reference):
+    flaky = FailingEngine(engine)
+    srv = start_server(engine_override=flaky)
+    ws = await open_vllm(srv.ws_url)
+    await send_utterance_vllm(ws, SHORT)
+    err = await recv_json(ws)
+    assert err["type"] == "error" and err["code"] == "processing_error" and "injected failure" in err["error"]
+    flaky.fail = False
+    assert await utterance_vllm(ws, SHORT) == reference(SHORT)
+    await ws.close()
+    # OpenAI dialect: the item fails with its own event
+    flaky.fail = True
+    async with connect(srv.ws_url + "?intent=transcription") as ws:
+        await recv_json(ws)
+        await send_json(ws, {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}}})
+        await recv_json(ws)
+        # long enough for the engine's first token before any commit
+        await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(pcm16(clip(1.5, seed=47)))})
+        ev = await recv_json(ws)
+        assert ev["type"] == "conversation.item.input_audio_transcription.failed"
+        assert ev["error"]["code"] == "processing_error"
+
+
+class EosEngine:
+    """Delegates to a real engine, but turns each stream's third token into the end token."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.config, self.model_name = inner, inner.config, inner.model_name
+
+    def open_stream(self, on_event, *, delay_ms=None):
+        count = [0]
+
+        def cb(ev):
+            if isinstance(ev, StreamToken):
+                count[0] += 1
+                if count[0] == 3:
+                    ev = StreamToken(ev.stream_id, self.config.tokens.eos, "", ev.position, ev.audio_end_ms)
+            on_event(ev)
+
+        return self.inner.open_stream(cb, delay_ms=delay_ms)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+async def test_end_token_mid_stream_is_explicit(start_server, engine):
+    srv = start_server(engine_override=EosEngine(engine))
+    data = pcm16(clip(2.0, seed=48))
+    half = len(data) // 2
+    ws = await open_vllm(srv.ws_url)
+    await send_json(ws, {"type": "input_audio_buffer.commit"})
+    await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(data[:half])})
+    for _ in range(3):
+        assert (await recv_json(ws))["type"] == "transcription.delta"
+    for i in range(half, len(data), 3200):  # audio after the end token: reported once, not transcribed
+        await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(data[i: i + 3200])})
+    await send_json(ws, {"type": "input_audio_buffer.commit", "final": True})
+    events = await recv_until(ws, {"transcription.done"})
+    assert [e["code"] for e in events if e["type"] == "error"] == ["utterance_ended"]
+    await ws.close()
+    # OpenAI dialect: the end token ends the turn by itself (committed without a client commit)
+    async with connect(srv.ws_url + "?intent=transcription") as ws:
+        await recv_json(ws)
+        await send_json(ws, {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}}})
+        await recv_json(ws)
+        await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(data)})
+        events = await recv_until(ws, {"conversation.item.done", "error"})
+        types = [e["type"] for e in events]
+        assert "input_audio_buffer.committed" in types and "error" not in types
+        assert types.index("input_audio_buffer.committed") < types.index(
+            "conversation.item.input_audio_transcription.completed")
+
+
+class StalledEngine:
+    """Takes audio and never decodes it."""
+
+    def __init__(self, inner) -> None:
+        self.config, self.model_name = inner.config, inner.model_name
+        self.pending: dict[int, float] = {}
+        self._next = 0
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def open_stream(self, on_event, *, delay_ms=None) -> int:
+        self._next += 1
+        self.pending[self._next] = 0.0
+        return self._next
+
+    def push_audio(self, sid, samples) -> None:
+        self.pending[sid] += len(samples) / 16000
+
+    def finish_stream(self, sid) -> None: ...
+
+    def close_stream(self, sid) -> None:
+        self.pending.pop(sid, None)
+
+    def pending_audio_seconds(self, sid) -> float:
+        return self.pending.get(sid, 0.0)
+
+    def stats(self):
+        from realtime.serving import EngineStats
+
+        return EngineStats(active_streams=len(self.pending))
+
+
+async def test_engine_stall_is_reported_not_silent(start_server, engine):
+    stalled = StalledEngine(engine)
+    srv = start_server(engine_override=stalled, engine_stall_timeout_s=0.5)
+    ws = await open_vllm(srv.ws_url)
+    await send_utterance_vllm(ws, SHORT)
+    err = await recv_json(ws, timeout=10)
+    assert err["type"] == "error" and err["code"] == "engine_stalled"
+    with pytest.raises(ConnectionClosed) as info:
+        await asyncio.wait_for(ws.recv(), 5)
+    assert info.value.rcvd.code == 1011
+    assert wait_for(lambda: not stalled.pending)
+
+
+async def test_session_longer_than_the_model_context(tiny_ckpt, start_server):
+    path = tiny_ckpt(seed=0, small_windows=True)  # encoder window 8 frames, decoder window 6 tokens
+    eng = build_engine("sequential", str(path), model_name=MODEL)
+    eng.start()
+    try:
+        srv = start_server(engine_override=eng)
+        audio = clip(4.0, seed=46)
+        ws = await open_vllm(srv.ws_url)
+        text = await utterance_vllm(ws, audio, chunk_bytes=6400)
+        await ws.close()
+        model, tok = load_model_and_tokenizer(path)
+        assert text == transcribe(model, tok, audio).text
+        assert wait_no_streams(eng) == 0
+    finally:
+        eng.stop()
+
+
+# -- auth ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["header", "query", "subprotocol"])
+async def test_api_key_accepted(start_server, reference, how):
+    srv = start_server(api_keys=("k-one", "k-two"))
+    url, kw = srv.ws_url, {}
+    if how == "header":
+        kw = {"additional_headers": {"Authorization": "Bearer k-two"}}
+    elif how == "query":
+        url += "?api_key=k-one"
+    else:
+        kw = {"subprotocols": ["realtime", "openai-insecure-api-key.k-one"]}
+    ws = await open_vllm(url, **kw)
+    if how == "subprotocol":
+        assert ws.subprotocol == "realtime"  # the key-bearing entry is never echoed
+    assert await utterance_vllm(ws, SHORT) == reference(SHORT)
+    await ws.close()
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"additional_headers": {"Authorization": "Bearer wrong"}},
+    {"additional_headers": {"Authorization": "Basic k-one"}},
+    {"subprotocols": ["openai-insecure-api-key.k-on"]},
+])
+async def test_api_key_rejected(start_server, kw):
+    srv = start_server(api_keys=("k-one",))
+    with pytest.raises(InvalidStatus) as info:
+        await connect(srv.ws_url, **kw)
+    assert info.value.response.status_code == 401
+    assert b"invalid_api_key" in info.value.response.body
+    _, _, body = http_get(f"{srv.http_url}/metrics")
+    assert 'streamscribe_connections_rejected_total{reason="unauthorized"} 1' in body.decode()
+
+
+async def test_models_route_needs_key_when_auth_on(start_server):
+    srv = start_server(api_keys=("k-one",))
+    assert http_get(f"{srv.http_url}/v1/models")[0] == 401
+    status, _, body = http_get(f"{srv.http_url}/v1/models", {"Authorization": "Bearer k-one"})
+    assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == [MODEL]
+    assert http_get(f"{srv.http_url}/health")[0] == 200  # health stays open for load balancers
+
+
+def test_public_host_needs_key_or_explicit_opt_out():
+    parse = build_parser().parse_args
+    with pytest.raises(SystemExit, match="API key"):
+        settings_from_args(parse(["--host", "0.0.0.0"]), env={})
+    assert settings_from_args(parse(["--host", "0.0.0.0", "--allow-no-auth"]), env={}).api_keys == ()
+    assert settings_from_args(parse(["--host", "0.0.0.0", "--api-key", "k"]), env={}).api_keys == ("k",)
+    s = settings_from_args(parse(["--host", "0.0.0.0"]), env={"STREAMSCRIBE_API_KEYS": "a, b"})
+    assert s.api_keys == ("a", "b")
+    for host in ("127.0.0.1", "localhost", "::1"):
+        assert settings_from_args(parse(["--host", host]), env={}).api_keys == ()
+
+
+# -- origins -------------------------------------------------------------------------------------------
+async def test_origin_check_default(start_server):
+    srv = start_server()
+    for origin, ok in [(None, True), (f"http://127.0.0.1:{srv.port}", True), ("http://localhost:5173", True),
+                       ("https://evil.example", False), ("null", False)]:
+        headers = {"Origin": origin} if origin else {}
+        if ok:
+            async with connect(srv.ws_url, additional_headers=headers) as ws:
+                assert (await recv_json(ws))["type"] == "session.created"
+        else:
+            with pytest.raises(InvalidStatus) as info:
+                await connect(srv.ws_url, additional_headers=headers)
+            assert info.value.response.status_code == 403
+
+
+async def test_origin_check_explicit_list(start_server):
+    srv = start_server(allowed_origins=("https://app.example",))
+    async with connect(srv.ws_url, additional_headers={"Origin": "https://app.example"}) as ws:
+        assert (await recv_json(ws))["type"] == "session.created"
+    for origin in ("https://evil.example", "http://localhost:5173", "https://app.example.evil.example"):
+        with pytest.raises(InvalidStatus) as info:
+            await connect(srv.ws_url, additional_headers={"Origin": origin})
+        assert info.value.response.status_code == 403
+
+
+# -- HTTP ----------------------------------------------------------------------------------------------
+async def test_http_routes_and_metrics(start_server, reference, tmp_path):
+    demo = tmp_path / "demo"
+    (demo / "js").mkdir(parents=True)
+    (demo / "index.html").write_text("<!doctype html><title>demo</title>")
+    (demo / "js" / "app.js").write_text("console.log(1)")
+    srv = start_server(demo_dir=demo)
+    base = srv.http_url
+    status, headers, body = http_get(base + "/")
+    assert status == 200 and headers["Content-Type"].startswith("text/html") and b"demo" in body
+    status, headers, _ = http_get(base + "/js/app.js")
+    assert status == 200 and headers["Content-Type"].startswith("text/javascript")
+    for missing in ("/nope.html", "/../pyproject.toml", "/%2e%2e/pyproject.toml", "/v1/unknown"):
+        assert http_get(base + missing)[0] == 404, missing
+    status, _, body = http_get(base + "/health")
+    health = json.loads(body)
+    assert status == 200 and health["status"] == "ok" and health["models"] == [MODEL]
+    status, _, body = http_get(base + "/v1/models")
+    assert status == 200 and json.loads(body)["object"] == "list"
+    with pytest.raises(InvalidStatus) as info:  # websocket on another path
+        await connect(f"ws://127.0.0.1:{srv.port}/v1/other")
+    assert info.value.response.status_code == 404
+
+    assert await fresh_vllm_utterance(srv.ws_url, SHORT) == reference(SHORT)
+    status, headers, body = http_get(base + "/metrics")
+    text = body.decode()
+    assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    assert values["streamscribe_sessions_total"] >= 1
+    assert values['streamscribe_sessions_by_dialect_total{dialect="vllm"}'] >= 1
+    assert values["streamscribe_tokens_emitted_total"] > 0
+    assert values["streamscribe_emission_delay_seconds_count"] >= values["streamscribe_tokens_emitted_total"]
+    assert values["streamscribe_engine_step_seconds_count"] > 0
+    assert values['streamscribe_engine_step_seconds_bucket{le="+Inf"}'] == values[
+        "streamscribe_engine_step_seconds_count"]
+    assert "# TYPE streamscribe_emission_delay_seconds histogram" in text
+    assert values["streamscribe_sessions_active"] == 0
+
+
+async def test_demo_page_missing_is_404(start_server, tmp_path):
+    srv = start_server(demo_dir=tmp_path / "nothing-here")
+    assert http_get(srv.http_url + "/")[0] == 404
+
+
+# -- the command line ----------------------------------------------------------------------------------
+def test_cli_serves_default_model_and_stops_on_sigterm(reference):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "stream_server", "--model", "default", "--port", "0",
+                             "--device", "cpu", "--log-level", "WARNING"], cwd=ROOT, env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            if "listening on" in line:
+                url = line.strip().split()[-1]
+        assert url and url.startswith("ws://127.0.0.1:"), "server did not start"
+        port = int(url.split(":")[2].split("/")[0])
+        status, _, body = http_get(f"http://127.0.0.1:{port}/health")
+        assert status == 200 and json.loads(body)["models"] == ["streamscribe-default"]
+
+        async def go() -> str:
+            return await fresh_vllm_utterance_named(url, SHORT)
+
+        model, tok = load_model_and_tokenizer("default")
+        assert asyncio.run(go()) == transcribe(model, tok, SHORT).text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def fresh_vllm_utterance_named(url: str, audio: np.ndarray) -> str:
+    ws = await open_vllm(url, model="streamscribe-default")
+    try:
+        return await utterance_vllm(ws, audio)
+    finally:
+        await ws.close()

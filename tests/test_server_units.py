@@ -1,0 +1,227 @@
+"""Unit tests of the server's pieces: codecs, timestamps, auth helpers, metrics, VAD turns."""
+
+from __future__ import annotations
+
+import base64
+import sys
+
+import numpy as np
+import pytest
+from test_server_common import clip
+
+from realtime.audio import AudioError
+from stream_server import auth
+from stream_server.codecs import (
+    ALAW_TO_PCM16,
+    ULAW_TO_PCM16,
+    AudioFormat,
+    alaw_to_float,
+    decode_base64,
+    parse_openai_format,
+    ulaw_to_float,
+)
+from stream_server.events import ProtocolError
+from stream_server.metrics import Counter, Histogram, Metrics
+from stream_server.options import parse_delay_ms, parse_delay_name
+from stream_server.timestamps import TokenClock, Word, WordTracker
+from stream_server.vad import SpeechAudio, SpeechStarted, SpeechStopped, TurnDetector, VadParams
+
+
+# -- codecs ------------------------------------------------------------------------------------------
+def test_g711_tables_match_the_standard_expansion():
+    # G.711 reference points: µ-law 0x00 -> -32124, 0x7f -> 0 (negative zero), 0x80 -> 32124, 0xff -> 0;
+    # A-law 0xd5 -> 8 (smallest positive step), 0x55 -> -8, 0xaa -> 32256, 0x2a -> -32256
+    assert (ULAW_TO_PCM16[[0x00, 0x7F, 0x80, 0xFF]] == [-32124, 0, 32124, 0]).all()
+    assert (ALAW_TO_PCM16[[0xD5, 0x55, 0xAA, 0x2A]] == [8, -8, 32256, -32256]).all()
+    # both are odd-symmetric and monotonic within each sign half
+    assert (np.sort(np.abs(ULAW_TO_PCM16[128:].astype(int)))[::-1] == np.abs(ULAW_TO_PCM16[128:].astype(int))).all()
+    assert len(set(ALAW_TO_PCM16.tolist())) == 256
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="audioop left the standard library in 3.13")
+def test_g711_tables_match_audioop():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import audioop
+    every = bytes(range(256))
+    assert (np.frombuffer(audioop.ulaw2lin(every, 2), "<i2") == ULAW_TO_PCM16).all()
+    assert (np.frombuffer(audioop.alaw2lin(every, 2), "<i2") == ALAW_TO_PCM16).all()
+
+
+def test_decoders_are_finite_and_bounded():
+    every = bytes(range(256))
+    for f in (ulaw_to_float, alaw_to_float):
+        x = f(every)
+        assert x.dtype == np.float32 and np.isfinite(x).all() and np.abs(x).max() < 1.0
+
+
+def test_base64_and_pcm_errors():
+    assert decode_base64(base64.b64encode(b"\x01\x02").decode()) == b"\x01\x02"
+    for bad in ("@@@", "AAA", 5, None):
+        with pytest.raises(AudioError):
+            decode_base64(bad)
+    with pytest.raises(AudioError, match="even"):
+        AudioFormat("audio/pcm", 16000).decode(b"\x00\x01\x02")
+    assert AudioFormat("audio/pcmu", 8000).decode(b"\x00\x01\x02").size == 3  # 1 byte per sample
+
+
+def test_openai_format_parsing():
+    assert parse_openai_format({"type": "audio/pcm"}) == AudioFormat("audio/pcm", 24000)
+    assert parse_openai_format({"type": "audio/pcm", "rate": 16000}) == AudioFormat("audio/pcm", 16000)
+    assert parse_openai_format({"type": "audio/pcma"}) == AudioFormat("audio/pcma", 8000)
+    assert parse_openai_format({"type": "audio/pcmu"}).to_json() == {"type": "audio/pcmu"}
+    for bad in ({"type": "audio/pcm", "rate": 44100}, {"type": "audio/pcm", "rate": True},
+                {"type": "audio/pcmu", "rate": 16000}, {"type": "audio/opus"}, "pcm16"):
+        with pytest.raises(ValueError):
+            parse_openai_format(bad)
+
+
+def test_delay_options():
+    assert parse_delay_ms(480, "p") == 480 and parse_delay_ms(2400.0, "p") == 2400
+    for bad in (0, 40, 100, 1280, 2000, -80, "480", True, float("nan"), float("inf"), 480.5):
+        with pytest.raises(ProtocolError) as info:
+            parse_delay_ms(bad, "the.param")
+        assert info.value.code == "invalid_value" and info.value.param == "the.param"
+    assert parse_delay_name("xhigh", "p") == 2400
+    with pytest.raises(ProtocolError):
+        parse_delay_name("fast", "p")
+
+
+# -- timestamps --------------------------------------------------------------------------------------
+def test_token_clock_convention():
+    c = TokenClock(n_left_pad_tokens=32, delay_tokens=6, token_ms=80)
+    # the first generated token (position 39 = prompt length) transcribes the first 80 ms frame
+    assert c.frame_ms(39) == (0, 80)
+    assert c.frame_ms(40) == (80, 160)
+    assert TokenClock(32, 30, 80).frame_ms(63 + 10) == (800, 880)  # prompt 63 at a 2400 ms delay
+
+
+def test_word_tracker():
+    w = WordTracker()
+    assert w.push(" hel", 0, 80) == []
+    assert w.push("", 80, 160) == []
+    assert w.push("lo", 160, 240) == []
+    assert w.push(" wor", 240, 320) == [Word("hello", 0, 240)]
+    assert w.push("ld! foo", 320, 400) == [Word("world!", 240, 400)]
+    assert w.push(" ", 400, 480) == [Word("foo", 320, 400)]
+    assert w.flush() == []
+    assert [x.word for x in w.words] == ["hello", "world!", "foo"]
+    w2 = WordTracker()
+    w2.push("no-leading-space", 0, 80)
+    assert w2.flush() == [Word("no-leading-space", 0, 80)]
+
+
+# -- auth ----------------------------------------------------------------------------------------------
+def test_key_extraction_and_matching():
+    assert auth.extract_api_key("Bearer abc", "/v1/realtime", []) == "abc"
+    assert auth.extract_api_key("bearer  abc ", "/v1/realtime", []) == "abc"
+    assert auth.extract_api_key(None, "/v1/realtime?intent=transcription&api_key=q1", []) == "q1"
+    assert auth.extract_api_key(None, "/v1/realtime", ["realtime", "openai-insecure-api-key.s1"]) == "s1"
+    assert auth.extract_api_key("Basic abc", "/v1/realtime", []) is None
+    assert auth.offered_subprotocols(["realtime, openai-insecure-api-key.x", "y"]) == [
+        "realtime", "openai-insecure-api-key.x", "y"]
+    assert auth.key_matches("abc", ("x", "abc"))
+    assert not auth.key_matches("ab", ("abc",)) and not auth.key_matches(None, ("abc",))
+    assert not auth.key_matches("abc", ())
+
+
+def test_loopback_hosts():
+    for h in ("127.0.0.1", "127.5.5.5", "::1", "[::1]", "localhost"):
+        assert auth.is_loopback_host(h), h
+    for h in ("0.0.0.0", "::", "10.0.0.1", "example.com", ""):
+        assert not auth.is_loopback_host(h), h
+
+
+def test_origin_rules():
+    ok = auth.origin_allowed
+    assert ok(None, "h:1", None, auth_enabled=False)
+    assert ok("http://127.0.0.1:8000", "127.0.0.1:8000", None, auth_enabled=False)
+    assert ok("http://localhost:3000", "10.1.2.3:8000", None, auth_enabled=False)
+    assert not ok("https://evil.example", "127.0.0.1:8000", None, auth_enabled=False)
+    assert not ok("null", "127.0.0.1:8000", None, auth_enabled=False)
+    # same host by name: DNS rebinding risk without keys, fine with keys
+    assert not ok("http://stt.example:8000", "stt.example:8000", None, auth_enabled=False)
+    assert ok("http://stt.example:8000", "stt.example:8000", None, auth_enabled=True)
+    assert ok("https://stt.example", "stt.example", None, auth_enabled=True)
+    assert not ok("http://stt.example:9999", "stt.example:8000", None, auth_enabled=True)
+    assert ok("https://app.example", "10.0.0.1:8000", ("https://app.example/",), auth_enabled=True)
+    assert not ok("http://localhost:3000", "10.0.0.1:8000", ("https://app.example",), auth_enabled=True)
+    assert ok("https://anything.example", "h", ("*",), auth_enabled=False)
+
+
+# -- metrics -------------------------------------------------------------------------------------------
+def test_prometheus_rendering():
+    c = Counter("x_total", "Things.", ("reason",))
+    c.inc("a b\"c")
+    c.inc("a b\"c", amount=2)
+    assert c.render() == ["# HELP x_total Things.", "# TYPE x_total counter", 'x_total{reason="a b\\"c"} 3']
+    with pytest.raises(ValueError):
+        c.inc("a", amount=-1)
+    h = Histogram("lat_seconds", "Latency.", (0.1, 1.0))
+    for v in (0.05, 0.1, 0.5, 3.0, float("nan")):
+        h.observe(v)
+    lines = h.render()
+    assert 'lat_seconds_bucket{le="0.1"} 2' in lines and 'lat_seconds_bucket{le="1"} 3' in lines
+    assert 'lat_seconds_bucket{le="+Inf"} 4' in lines and "lat_seconds_count 4" in lines
+    text = Metrics().render()
+    assert text.endswith("\n") and "streamscribe_sessions_active 0" in text
+
+
+# -- VAD -----------------------------------------------------------------------------------------------
+def test_turn_detector_finds_speech_and_keeps_every_sample():
+    sil = np.zeros(16000, np.float32)
+    audio = np.concatenate([sil, clip(1.2, 21), sil, sil[:8000], clip(1.0, 22), sil, sil[:8000]])
+    det = TurnDetector(VadParams(threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500))
+    events = []
+    rng = np.random.default_rng(0)
+    pos = 0
+    while pos < audio.size:  # any chunking
+        n = int(rng.integers(1, 3000))
+        events += det.feed(audio[pos: pos + n])
+        pos += n
+    turns, cur = [], None
+    for ev in events:
+        if isinstance(ev, SpeechStarted):
+            assert cur is None
+            cur = [ev.start_sample, [ev.audio]]
+        elif isinstance(ev, SpeechAudio):
+            assert ev.start_sample == cur[0] + sum(a.size for a in cur[1])  # contiguous
+            cur[1].append(ev.audio)
+        elif isinstance(ev, SpeechStopped):
+            turns.append((cur[0], ev.end_sample, np.concatenate(cur[1])))
+            cur = None
+    assert len(turns) == 2
+    for start, end, samples in turns:
+        assert np.array_equal(samples, audio[start:end])  # contiguous audio, prefix padding included
+    assert 16000 - 4800 - 512 <= turns[0][0] and turns[0][1] <= 16000 + 19200 + 8000 + 512
+    assert turns[1][0] >= turns[0][1]
+
+
+def test_turn_detector_silence_only_and_prefix_zero():
+    det = TurnDetector(VadParams(prefix_padding_ms=0))
+    assert det.feed(np.zeros(64 * 512, np.float32)) == []
+    assert det.feed(np.zeros(100, np.float32)) == [] and det.buffered_samples == 100
+
+
+# -- engine stream bookkeeping -------------------------------------------------------------------------
+def test_arrival_log_answers_increasing_queries_and_stays_small():
+    from stream_server.engine_stream import _Arrivals
+
+    log = _Arrivals()
+    for k in range(1, 2001):
+        log.add(k * 320, float(k))  # 20 ms appends arriving at t = k
+    got = [log.time_of(s, default=-1.0) for s in range(0, 2000 * 320 + 1, 160)]
+    assert got == [float(max(1, -(-s // 320))) for s in range(0, 2000 * 320 + 1, 160)]
+    assert len(log.ends) < 300
+    assert log.time_of(10**9, default=-1.0) == -1.0  # beyond the audio received: the default
+
+
+def test_final_words_are_bounded():
+    from stream_server.engine_stream import MAX_FINAL_WORDS, StreamOutcome
+
+    few = [Word(f"w{i}", i, i + 1) for i in range(10)]
+    assert StreamOutcome("", 0, 0, few, few[-1:], 0, 0, 0.0).final_words() == (few, False)
+    many = [Word("w", i, i + 1) for i in range(MAX_FINAL_WORDS + 1)]
+    assert StreamOutcome("", 0, 0, many, many[-2:], 0, 0, 0.0).final_words() == (many[-2:], True)

@@ -1,0 +1,499 @@
+"""Speculative decoding (issue 5): capability contract, lossless outputs in every mode, look-ahead gather.
+
+Every scenario compares the batched engine with speculation to the single-stream session (the
+oracle) token by token. Drafters:
+- `trained`: distilled (briefly) from the tiny target on some clips; on those clips it is mostly
+  right, on unseen clips mostly wrong, so acceptance is strictly between 0 and 1.
+- `echo`: constructed so that its prediction depends only on its own position's fused input
+  `embed(token) + audio`: fc = [I, 0], layers with zero residual branches, the target's final
+  norm. Against a target whose layers are also zeroed it is exactly the target, so acceptance is
+  1.0 with the correct audio gather and collapses with an off-by-one or missing one.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+
+import numpy as np
+import pytest
+import torch
+from conftest import synthetic_audio
+from test_engine import Recorder
+
+from realtime.engine import BatchedEngine, RunnerOptions
+from realtime.engine.offline import transcribe_batch
+from realtime.engine.speculation import RealtimeTarget, SpeculativeConfig, Speculator, runner_options_for
+from realtime.loader import CheckpointError, load_model
+from realtime.serving import StreamDone
+from realtime.session import transcribe
+from realtime.tokenizer import load_tokenizer
+from speculative import (
+    DrafterConfig,
+    EagleDrafter,
+    EagleModel,
+    SupportsMultiModalEmbeddings,
+    drafter_receives_audio,
+    load_drafter,
+    save_drafter,
+    supports_multimodal_embeddings,
+)
+from speculative.train import TrainConfig, train_drafter
+
+SEEN = [synthetic_audio(3.0, seed=200 + i) for i in range(3)]  # the trained drafter's training clips
+UNSEEN = [synthetic_audio(2.5, seed=300 + i) for i in range(3)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices: one thread is fastest and immune to oversubscribed CI machines."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_ckpt):
+    path = tiny_ckpt(seed=1)
+    model, _ = load_model(path)
+    return model, load_tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def trained(target, tmp_path_factory):
+    model, _ = target
+    out = tmp_path_factory.mktemp("drafter")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_drafter(model, SEEN, out, TrainConfig(steps=60, batch=8, seq_len=64, lr=3e-3, unroll=2,
+                                                    log_every=1000), eval_audios=[])
+    finally:
+        torch.set_num_threads(before)
+    return load_drafter(out, target_embedding=model.language_model.embed_tokens.weight)
+
+
+_refs: dict[tuple, list[int]] = {}
+
+
+def reference(model, tok, audio, delay_ms=None) -> list[int]:
+    key = (id(model), hashlib.sha1(audio.tobytes()).hexdigest(), delay_ms)
+    if key not in _refs:
+        _refs[key] = transcribe(model, tok, audio, delay_ms=delay_ms).token_ids
+    return _refs[key]
+
+
+def echo_drafter(model, cls=EagleDrafter, window: int | None = None) -> EagleModel:
+    cfg = DrafterConfig.for_target(model.config, **({"sliding_window": window} if window else {}))
+    d = cls(cfg)
+    h = cfg.hidden_size
+    with torch.no_grad():
+        for p in d.parameters():
+            p.zero_()
+        d.fc.weight[:, :h] = torch.eye(h)
+        for layer in d.layers:
+            layer.input_layernorm.weight.fill_(1.0)
+            layer.post_attention_layernorm.weight.fill_(1.0)
+        d.norm.weight.copy_(model.language_model.norm.weight)
+    return d.eval().tie_to(model.language_model.embed_tokens.weight)
+
+
+def scaled_target(model, alpha: float):
+    """The target with its LM layers' residual branches scaled by alpha (0: no context at all)."""
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in m.language_model.layers:
+            layer.self_attn.o_proj.weight.mul_(alpha)
+            layer.mlp.down_proj.weight.mul_(alpha)
+    return m
+
+
+def run_scenario(model, tok, drafter, clips, schedules, *, k=4, opts=None, delays=None):
+    """Streams fed by `schedules[i]`: a list of sample counts pushed per engine step (then finish)."""
+    opts = opts or RunnerOptions(max_streams=len(clips), max_batch=len(clips), cuda_graphs=False)
+    eng = BatchedEngine(model, tok, opts=opts,
+                        speculative=SpeculativeConfig(drafter, num_speculative_tokens=k) if drafter else None)
+    rec = Recorder()
+    delays = delays or [None] * len(clips)
+    sids = [eng.open_stream(rec, delay_ms=d) for d in delays]
+    pos = [0] * len(clips)
+    step = 0
+    while any(rec.done(s) is None for s in sids):
+        for i, sid in enumerate(sids):
+            if pos[i] < clips[i].size:
+                n = schedules[i][step] if step < len(schedules[i]) else clips[i].size
+                eng.push_audio(sid, clips[i][pos[i]: pos[i] + n])
+                pos[i] += n
+                if pos[i] >= clips[i].size:
+                    eng.finish_stream(sid)
+        eng._run_step(eng._sync_with_clients())
+        step += 1
+        assert step < 5000
+    for i, sid in enumerate(sids):
+        assert isinstance(rec.done(sid), StreamDone)
+        assert rec.tokens(sid) == reference(model, tok, clips[i], delays[i]), f"stream {i}"
+        eng.close_stream(sid)
+    eng._sync_with_clients()
+    return eng, eng.stats()
+
+
+def assert_partial_acceptance(st) -> None:
+    assert st.spec_drafted > 0
+    assert 0 < st.spec_accepted < st.spec_drafted, (st.spec_accepted, st.spec_drafted)
+    assert 0.0 < st.spec_acceptance_rate < 1.0
+    assert st.spec_mean_acceptance_length == pytest.approx(1 + st.spec_accepted / st.spec_rounds)
+    assert sum(st.spec_drafted_per_position) == st.spec_drafted
+    assert sum(st.spec_accepted_per_position) == st.spec_accepted
+    # acceptance at depth i implies acceptance at every shallower depth of that round
+    assert all(a >= b for a, b in zip(st.spec_accepted_per_position, st.spec_accepted_per_position[1:]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Capability contract
+# ---------------------------------------------------------------------------------------------
+class TextOnlyTarget(RealtimeTarget):
+    produces_multimodal_embeddings = False
+
+
+class LookAlike(torch.nn.Module):
+    """Has an embed_input_ids with the protocol's signature but declares nothing."""
+
+    def embed_input_ids(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):
+        return input_ids
+
+
+class TruthyFlag(LookAlike):
+    supports_multimodal_embeddings = 1  # not the literal True
+
+
+class Declared(LookAlike, SupportsMultiModalEmbeddings):
+    pass
+
+
+def test_capability_matrix(target, caplog):
+    model, _ = target
+    cfg = DrafterConfig.for_target(model.config)
+    audio_target, text_target = RealtimeTarget(model), TextOnlyTarget(model)
+    assert supports_multimodal_embeddings(EagleDrafter(cfg)) and supports_multimodal_embeddings(Declared())
+    assert not supports_multimodal_embeddings(EagleModel(cfg))
+    assert not supports_multimodal_embeddings(TruthyFlag())
+    cases = [
+        (audio_target, EagleDrafter(cfg), True, None),
+        (audio_target, Declared(), True, None),
+        (audio_target, EagleModel(cfg), False, "EagleModel"),
+        (audio_target, LookAlike(), False, "LookAlike"),
+        (audio_target, TruthyFlag(), False, "TruthyFlag"),
+        (text_target, EagleDrafter(cfg), False, None),
+        (text_target, EagleModel(cfg), False, None),
+        (object(), EagleDrafter(cfg), False, None),  # a target that declares nothing
+    ]
+    for tgt, drafter, want, warned in cases:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="speculative.capability"):
+            assert drafter_receives_audio(tgt, drafter) is want, (type(tgt).__name__, type(drafter).__name__)
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        if warned:
+            assert len(warnings) == 1 and warned in warnings[0].getMessage()
+            assert "signature is not a declaration" in warnings[0].getMessage()
+        else:
+            assert not warnings
+
+
+class SpyDrafter(EagleDrafter):
+    calls: list
+
+    def embed_input_ids(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):
+        self.calls.append(multimodal_embeddings is not None)
+        return super().embed_input_ids(input_ids, multimodal_embeddings, is_multimodal=is_multimodal)
+
+
+@pytest.mark.parametrize("text_only_target", [False, True])
+def test_engine_passes_audio_only_when_both_declare(target, caplog, text_only_target):
+    model, tok = target
+    d = SpyDrafter(DrafterConfig.for_target(model.config)).eval()
+    d.calls = []
+    cfg = SpeculativeConfig(d, num_speculative_tokens=3)
+    opts = runner_options_for(RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=False), cfg)
+    eng = BatchedEngine(model, tok, opts=opts)
+    with caplog.at_level(logging.WARNING):
+        eng.speculator = Speculator(eng.runner, cfg, target=TextOnlyTarget(model) if text_only_target else None)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]  # a declared drafter: no warning
+    sp = eng.speculator
+    assert sp.drafter_audio is (not text_only_target)
+    # buffers that depend on the decision exist only when audio flows
+    assert ("c_aud" in sp.m and "dr_aud" in sp.m) is (not text_only_target)
+    rec = Recorder()
+    sid = eng.open_stream(rec)
+    eng.push_audio(sid, SEEN[0])
+    eng.finish_stream(sid)
+    for _ in range(1000):
+        if rec.done(sid) is not None:
+            break
+        eng._run_step(eng._sync_with_clients())
+    assert rec.tokens(sid) == reference(model, tok, SEEN[0])
+    assert d.calls and all(c is (not text_only_target) for c in d.calls)
+    assert eng.stats().spec_drafted > 0
+
+
+def test_undeclared_drafter_drafts_text_only_with_one_warning(target, caplog):
+    model, tok = target
+    d = echo_drafter(model, cls=EagleModel)
+    with caplog.at_level(logging.WARNING):
+        run = transcribe_batch(model, tok, UNSEEN[:1], opts=RunnerOptions(1, 1, cuda_graphs=False),
+                               speculative=SpeculativeConfig(d, 4))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "EagleModel" in warnings[0]
+    assert run.results[0].token_ids == reference(model, tok, UNSEEN[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Lossless in every mode (mixed batches: streams that draft and streams that do not share steps)
+# ---------------------------------------------------------------------------------------------
+def _live(clip, rng, lo=600, hi=2200):
+    return [int(x) for x in rng.integers(lo, hi, size=clip.size // lo + 2)]
+
+
+SCHEDULES = {
+    # paced small chunks around one 80 ms token per step: sometimes 2-3 tokens are buffered
+    "live": lambda clip, rng: _live(clip, rng),
+    # stalls of 12 steps, then 1 s at once
+    "catch-up": lambda clip, rng: ([0] * 12 + [16000]) * 40,
+    # exactly one token per step, then finish: the delay + 11 right-pad tokens at once
+    "flush": lambda clip, rng: [1280] * 400,
+}
+
+
+@pytest.mark.parametrize("mode", sorted(SCHEDULES))
+def test_lossless_per_mode(target, trained, mode):
+    """Two streams (audio the drafter was trained on, and unseen audio) in one engine."""
+    model, tok = target
+    rng = np.random.default_rng(1)
+    clips = [SEEN[1], UNSEEN[1]]
+    _, st = run_scenario(model, tok, trained, clips, [SCHEDULES[mode](c, rng) for c in clips])
+    assert_partial_acceptance(st)
+
+
+def test_live_catchup_flush_and_whole_streams_together(target, trained):
+    """One engine, four streams with different delays in mixed batches: live, catch-up, flush and
+    one pushed whole; once closed, every KV ring is back in the pool."""
+    model, tok = target
+    rng = np.random.default_rng(0)
+    clips = [SEEN[0], UNSEEN[0], SEEN[2], UNSEEN[2]]
+    schedules = [SCHEDULES["live"](clips[0], rng), SCHEDULES["catch-up"](clips[1], rng),
+                 SCHEDULES["flush"](clips[2], rng), [clips[3].size]]
+    eng, st = run_scenario(model, tok, trained, clips, schedules, delays=[480, 160, 480, 1200])
+    assert_partial_acceptance(st)
+    assert eng.runner.lm_cache.pool.free == eng.runner.lm_cache.pool.num_blocks  # closed: every ring returned
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_offline_batch_equals_sessions(target, trained, k):
+    model, tok = target
+    clips = [SEEN[2], UNSEEN[2], SEEN[0][:9000], UNSEEN[0][:700]]
+    run = transcribe_batch(model, tok, clips, opts=RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False),
+                           speculative=SpeculativeConfig(trained, num_speculative_tokens=k))
+    for clip, res in zip(clips, run.results):
+        assert res.token_ids == reference(model, tok, clip)
+    assert_partial_acceptance(run.stats)
+    assert len(run.stats.spec_drafted_per_position) == k
+    plain = transcribe_batch(model, tok, clips, opts=RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False))
+    assert [r.text for r in plain.results] == [r.text for r in run.results]
+    if k > 1:
+        assert run.steps < plain.steps  # accepted drafts save steps
+
+
+def test_small_windows_rings_with_speculation(tiny_ckpt):
+    """Encoder window 8, LM window 6, drafter window 6, block size 4: every ring wraps many times
+    while verify steps write (and roll back) several positions per stream."""
+    path = tiny_ckpt(seed=1, small_windows=True)
+    base, _ = load_model(path)
+    tok = load_tokenizer(path)
+    model = scaled_target(base, 0.03)
+    drafter = echo_drafter(model, window=6)
+    clips = [synthetic_audio(6.0, seed=400), synthetic_audio(4.0, seed=401)]
+    opts = RunnerOptions(max_streams=2, max_batch=2, block_size=4, cuda_graphs=False)
+    _, st = run_scenario(model, tok, drafter, clips, [[3000] * 100, ([0] * 6 + [12000]) * 20], k=5, opts=opts)
+    assert_partial_acceptance(st)
+
+
+def test_speculation_is_off_by_default(target):
+    model, tok = target
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=False))
+    assert eng.speculator is None
+    st = eng.stats()
+    assert (st.spec_drafted, st.spec_rounds, st.spec_acceptance_rate, st.spec_mean_acceptance_length) == (0, 0, 0, 0)
+
+
+def test_bad_speculative_settings(target):
+    model, tok = target
+    d = echo_drafter(model)
+    with pytest.raises(ValueError, match="max_step_tokens >= 9"):
+        BatchedEngine(model, tok, opts=RunnerOptions(1, 1, cuda_graphs=False, max_step_tokens=8),
+                      speculative=SpeculativeConfig(d, num_speculative_tokens=8))
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        BatchedEngine(model, tok, speculative=SpeculativeConfig(d, num_speculative_tokens=0))
+    small = RunnerOptions(1, 1, cuda_graphs=False, encoder_cache_tokens=8)
+    with pytest.raises(ValueError, match="audio cache"):
+        Speculator(BatchedEngine(model, tok, opts=small).runner, SpeculativeConfig(d, 4))
+    # the engine deepens the audio ring itself
+    assert BatchedEngine(model, tok, opts=small, speculative=SpeculativeConfig(d, 4)).runner.cache_len >= 2 * 4 + 8
+
+
+def test_max_session_length_with_speculation(target, trained):
+    """A stream cut at the engine's maximum session length: drafts never run past the last
+    position it may decode (the KV rings are sized to it), and the kept tokens are the oracle's."""
+    model, tok = target
+    opts = RunnerOptions(max_streams=2, max_batch=2, max_session_seconds=1.0, cuda_graphs=False)
+    eng = BatchedEngine(model, tok, opts=opts, speculative=SpeculativeConfig(trained, 4))
+    rec = Recorder()
+    long_sid, short_sid = eng.open_stream(rec), eng.open_stream(rec)
+    long_clip = np.concatenate([SEEN[0], SEEN[1], SEEN[2]])  # 9 s: more than max_tokens can hold
+    eng.push_audio(long_sid, long_clip)
+    eng.push_audio(short_sid, SEEN[2][:8000])
+    eng.finish_stream(short_sid)
+    for _ in range(1000):
+        if rec.done(long_sid) is not None and rec.done(short_sid) is not None:
+            break
+        eng._run_step(eng._sync_with_clients())
+    done = rec.done(long_sid)
+    assert isinstance(done, StreamDone) and done.truncated
+    got = rec.tokens(long_sid)
+    assert len(got) == eng.runner.max_tokens - model.config.prompt_length(6)
+    assert got == reference(model, tok, long_clip)[: len(got)]
+    assert rec.tokens(short_sid) == reference(model, tok, SEEN[2][:8000])
+    assert eng.stats().spec_accepted > 0
+
+
+def test_offline_cli_with_drafter(target, tiny_ckpt, tmp_path, capsys):
+    import soundfile as sf
+
+    from realtime.engine.offline import main
+
+    model, tok = target
+    save_drafter(echo_drafter(model), tmp_path / "drafter")
+    files = []
+    for i, clip in enumerate([UNSEEN[1], SEEN[1]]):
+        files.append(str(tmp_path / f"c{i}.wav"))
+        sf.write(files[-1], clip, 16000)
+    assert main(["--model", str(tiny_ckpt(seed=1)), "--drafter", str(tmp_path / "drafter"), "--k", "3",
+                 "--device", "cpu", "--batch", "2", *files]) == 0
+    out = capsys.readouterr()
+    lines = out.out.strip().splitlines()
+    assert [ln.split("\t")[0] for ln in lines] == files
+    for ln, clip in zip(lines, [UNSEEN[1], SEEN[1]]):
+        assert ln.split("\t", 1)[1] == transcribe(model, tok, clip).text.strip()
+    assert "acceptance rate" in out.err
+
+
+# ---------------------------------------------------------------------------------------------
+# Each draft step reads the audio embedding of its own position
+# ---------------------------------------------------------------------------------------------
+def _echo_run(model, tok, drafter, monkeypatch=None, shift: int = 0):
+    if shift:
+        orig = Speculator._gather_audio
+
+        def shifted(self, rows):
+            c = self.C
+            return orig(self, (rows // c) * c + (rows % c + shift) % c)
+
+        monkeypatch.setattr(Speculator, "_gather_audio", shifted)
+    clips = [UNSEEN[0], SEEN[1]]
+    run = transcribe_batch(model, tok, clips, opts=RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False),
+                           speculative=SpeculativeConfig(drafter, num_speculative_tokens=4))
+    for clip, res in zip(clips, run.results):
+        assert res.token_ids == reference(model, tok, clip)  # lossless whatever the drafter does
+    return run.stats
+
+
+def test_draft_steps_get_their_own_audio(target, monkeypatch):
+    base, tok = target
+    model = scaled_target(base, 0.0)  # each token depends only on its own position's fused input
+    st = _echo_run(model, tok, echo_drafter(model))
+    assert st.spec_drafted > 50 and st.spec_acceptance_rate == 1.0
+    assert st.spec_mean_acceptance_length > 4.0  # every round accepts all k = 4 drafts
+    # the same drafter without audio, or reading the next / previous position's audio, collapses
+    text_only = _echo_run(model, tok, echo_drafter(model, cls=EagleModel))
+    assert text_only.spec_acceptance_rate < 0.3
+    for shift in (1, -1):
+        with monkeypatch.context() as mp:
+            st = _echo_run(model, tok, echo_drafter(model), mp, shift)
+        assert st.spec_acceptance_rate < 0.3, shift
+
+
+# ---------------------------------------------------------------------------------------------
+# Drafter checkpoint format
+# ---------------------------------------------------------------------------------------------
+def test_drafter_checkpoint_roundtrip_and_strictness(target, tmp_path):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    model, _ = target
+    emb = model.language_model.embed_tokens.weight
+    d = EagleDrafter(DrafterConfig.for_target(model.config, num_layers=2, sliding_window=64))
+    save_drafter(d, tmp_path / "ok")
+    back = load_drafter(tmp_path / "ok", target_embedding=emb)
+    assert type(back) is EagleDrafter and back.config == d.config
+    for (k1, v1), (k2, v2) in zip(d.state_dict().items(), back.state_dict().items()):
+        assert k1 == k2 and torch.equal(v1, v2)
+    assert "embed" not in " ".join(back.state_dict())  # the tied table is the target's, never saved
+
+    def broken(name, edit_weights=None, edit_config=None):
+        dst = tmp_path / name
+        save_drafter(d, dst)
+        if edit_weights:
+            w = load_file(str(dst / "drafter.safetensors"))
+            edit_weights(w)
+            save_file(w, str(dst / "drafter.safetensors"))
+        if edit_config:
+            meta = json.loads((dst / "drafter_config.json").read_text())
+            edit_config(meta)
+            (dst / "drafter_config.json").write_text(json.dumps(meta))
+        return dst
+
+    with pytest.raises(CheckpointError, match="missing tensors: fc.weight"):
+        load_drafter(broken("missing", edit_weights=lambda w: w.pop("fc.weight")))
+    with pytest.raises(CheckpointError, match="unexpected tensors: extra"):
+        load_drafter(broken("extra", edit_weights=lambda w: w.update(extra=torch.zeros(1))))
+    with pytest.raises(CheckpointError, match="shape mismatches: norm.weight"):
+        load_drafter(broken("shape", edit_weights=lambda w: w.update({"norm.weight": torch.ones(3)})))
+    with pytest.raises(CheckpointError, match="NaN/inf"):
+        load_drafter(broken("nan", edit_weights=lambda w: w["fc.weight"].fill_(float("nan"))))
+    with pytest.raises(CheckpointError, match="unknown fields"):
+        load_drafter(broken("field", edit_config=lambda m: m["config"].update(bogus=1)))
+    with pytest.raises(CheckpointError, match="unknown architecture"):
+        load_drafter(broken("arch", edit_config=lambda m: m.update(architecture="Medusa")))
+    with pytest.raises(CheckpointError, match="format_version"):
+        load_drafter(broken("ver", edit_config=lambda m: m.update(format_version=99)))
+    with pytest.raises(CheckpointError, match="no drafter"):
+        load_drafter(tmp_path / "nothing")
+    other = EagleDrafter(DrafterConfig.for_target(model.config, vocab_size=77))
+    save_drafter(other, tmp_path / "vocab")
+    with pytest.raises(CheckpointError, match="target embedding of shape"):
+        load_drafter(tmp_path / "vocab", target_embedding=emb)
+    # a text-only drafter keeps its (undeclared) class through a save/load
+    save_drafter(EagleModel(d.config), tmp_path / "text")
+    assert type(load_drafter(tmp_path / "text")) is EagleModel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("small_windows", [False, True])
+def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    path = tiny_ckpt(seed=1, small_windows=small_windows)
+    model, _ = load_model(path, device="cuda")
+    tok = load_tokenizer(path)
+    model = scaled_target(model, 0.03)
+    drafter = echo_drafter(model, window=6 if small_windows else None)
+    clips = [synthetic_audio(3.0 + i, seed=500 + i) for i in range(5)]
+    outs = {}
+    for graphs in (False, True):
+        opts = RunnerOptions(max_streams=3, max_batch=3, block_size=16, cuda_graphs=graphs)
+        run = transcribe_batch(model, tok, clips, opts=opts, speculative=SpeculativeConfig(drafter, 4))
+        outs[graphs] = [r.token_ids for r in run.results]
+        assert run.stats.spec_drafted > 0
+    assert outs[True] == outs[False]
+    assert outs[False] == [transcribe(model, tok, c).token_ids for c in clips]

@@ -1,0 +1,99 @@
+"""A tiny training run on CPU: the loss goes down, a resumed run is identical, the export loads and
+transcribes through the shipped session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import synthetic_audio
+
+from realtime.loader import load_model
+from realtime.session import transcribe
+from realtime.tokenizer import load_tokenizer
+from realtime.tokenizer_build import shipped_tekken_ranks, write_tokenizer_json
+from realtime.train.data import BatchConfig
+from realtime.train.synth import Shard, Utterance
+from realtime.train.targets import TimedWord
+from realtime.train.train import TrainConfig, Trainer
+
+WORDS = ["yes", "no", "stop", "go", "left", "right", "up", "down"]
+
+
+def _shard(seed: int, split: str, n: int = 12) -> Shard:
+    rng = np.random.default_rng(seed)
+    shard = Shard(f"synthetic:{seed}", f"spk{seed}", split)
+    for i in range(n):
+        k = int(rng.integers(2, 5))
+        words = [WORDS[j] for j in rng.integers(0, len(WORDS), k)]
+        audio = synthetic_audio(0.35 * k + 0.2, seed=seed * 100 + i)
+        timed = [TimedWord(w, 0.1 + 0.35 * j, 0.1 + 0.35 * (j + 1)) for j, w in enumerate(words)]
+        shard.utterances.append(Utterance(" ".join(words), audio, timed))
+    return shard
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # tiny matrices: a second intra-op thread only spins (10x slower on a loaded 2-core machine)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("train")
+    data, tok = root / "shards", root / "tok"
+    data.mkdir()
+    tok.mkdir()
+    for s in range(3):
+        _shard(s, "train").save(data / f"train-{s:05d}.npz")
+    _shard(9, "heldout", 4).save(data / "heldout-00.npz")
+    write_tokenizer_json(tok / "tokenizer.json", shipped_tekken_ranks(500))
+    return data, tok
+
+
+def _config(data: Path, tok: Path, out: Path, max_steps: int) -> TrainConfig:
+    return TrainConfig(data=str(data), tokenizer=str(tok), out=str(out), size="test", device="cpu", seed=3,
+                       max_steps=max_steps, lr=6e-3, warmup_steps=3, log_every=1, val_every=10_000,
+                       ckpt_every_s=1e9, ckpt_every_steps=10_000, min_utterances=10,
+                       batch=BatchConfig(tokens_per_batch=250, min_seconds=0.8, max_seconds=1.5))
+
+
+def test_loss_goes_down_and_export_transcribes(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    data, tok = setup
+    tr = Trainer(_config(data, tok, tmp_path / "run", max_steps=15))
+    tr.train()
+    losses = tr.history["loss"]
+    assert len(losses) == 15
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:3]), losses
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 1000
+
+    folder = tr.export(tmp_path / "model")
+    model, _ = load_model(folder)  # fp16 on disk, float32 after loading
+    trained = tr.model.state_dict()
+    for name, p in model.named_parameters():
+        assert torch.equal(p, trained[name].half().float()), name
+    result = transcribe(model, load_tokenizer(folder), synthetic_audio(1.5, seed=5), delay_ms=480)
+    # one decided token per position after the prompt: 32 left + 19 user (1.5 s) + 17 right - 39 prompt
+    assert len(result.token_ids) == 32 + 19 + 17 - 39
+    assert all(t in (32, 33) or t >= 1000 for t in result.token_ids)
+
+
+def test_resume_is_identical(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    data, tok = setup
+    straight = Trainer(_config(data, tok, tmp_path / "a", max_steps=6))
+    straight.train()
+
+    first = Trainer(_config(data, tok, tmp_path / "b", max_steps=6))
+    first.train(until_step=3)  # as if the run were killed after its step-3 checkpoint
+    resumed = Trainer(_config(data, tok, tmp_path / "b", max_steps=6))
+    assert resumed.load_checkpoint() and resumed.step == 3
+    resumed.train()
+    assert resumed.step == straight.step == 6
+    assert resumed.history["loss"] == straight.history["loss"]
+    for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q), name

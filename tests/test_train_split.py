@@ -1,0 +1,63 @@
+"""Corpus splits: by speaker (no held-out voice in training) and by sentence (no test text trained on)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from realtime.train.synth import plan_tasks
+from realtime.train.text_corpus import Sentence, normalize, split_of
+from realtime.train.voices import HELDOUT_ACCENTS, HELDOUT_VARIANTS, catalogue
+
+
+def _accent_variant(base: str) -> tuple[str, str]:
+    accent, _, variant = base.partition("+")
+    return accent, variant
+
+
+def test_no_heldout_speaker_in_training() -> None:
+    train, held = catalogue()
+    train_speakers = {v.speaker for v in train}
+    assert not train_speakers & {v.speaker for v in held}
+    assert not {v.key for v in train} & {v.key for v in held}
+    # formant voices: the held-out accents and variants are used by no training voice at all
+    for v in train:
+        if v.engine == "espeak" and not v.base.startswith("mb-"):
+            accent, variant = _accent_variant(v.base)
+            assert accent not in HELDOUT_ACCENTS and variant not in HELDOUT_VARIANTS, v.base
+    # recorded speakers held out: awb (flite), us3 and en1 (mbrola)
+    assert {"awb", "us3", "en1"} <= {v.speaker for v in held}
+    assert {"awb", "us3", "en1"}.isdisjoint(train_speakers)
+
+
+def test_sentence_split_is_deterministic_and_proportioned() -> None:
+    texts = [f"sentence number {i} of the corpus" for i in range(5000)]
+    splits = [split_of(t) for t in texts]
+    assert splits == [split_of(t) for t in texts]
+    share = {s: splits.count(s) / len(splits) for s in ("train", "dev", "test")}
+    assert 0.94 < share["train"] < 0.98 and 0.01 < share["test"] < 0.03 and 0.01 < share["dev"] < 0.03
+
+
+def test_tasks_respect_both_splits() -> None:
+    train_v, held_v = catalogue()
+    sents = [Sentence(split_of(t), "x", t) for t in (f"words and more words {i}" for i in range(3000))]
+    test_text = {s.text for s in sents if s.split == "test"}
+    train_text = {s.text for s in sents if s.split == "train"}
+    tasks = plan_tasks(sents, train_v, held_v, train_hours=0.5, eval_per_voice=10, seed=1)
+    held_keys = {v.key for v in held_v}
+    for t in tasks:
+        if t.split == "train":
+            assert t.voice.key not in held_keys
+            assert set(t.texts) <= train_text
+        else:
+            assert set(t.texts) <= test_text
+    assert {t.voice.key for t in tasks if t.split == "heldout"} == held_keys
+    assert sum(1 for t in tasks if t.split == "train") > 10
+    # voices are drawn by weight: recorded speakers dominate the formant filler
+    keys = [t.voice.key for t in tasks if t.split == "train"]
+    formant = np.mean([not (k.startswith("flite") or ":mb-" in k) for k in keys])
+    assert formant < 0.5
+
+
+def test_normalize() -> None:
+    assert normalize("It's 25 past 3, Mr. Smith!") == "it's twenty five past three mr smith"
+    assert normalize("  'Quoted'  -- and   spaced ") == "quoted and spaced"
