@@ -52,9 +52,14 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # dispatchers
 # ---------------------------------------------------------------------------------------------
+def _needs_autograd(*tensors: torch.Tensor | None) -> bool:
+    """The Triton kernels have no backward: training must take the (differentiable) references."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
                  scale: torch.Tensor | None = None, *, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    if not use_triton(backend, x.device) or x.shape[-1] > 16384:
+    if not use_triton(backend, x.device) or x.shape[-1] > 16384 or _needs_autograd(x, residual, weight, scale):
         return add_rms_norm_reference(x, residual, weight, eps, scale)
     from ._fused_triton import launch_add_rms_norm
 
@@ -64,7 +69,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, backend: str = "auto"
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE on q [B, T, Hq, D] and k [B, T, Hkv, D] with cos/sin [B, T, D]; returns new tensors."""
-    if not use_triton(backend, q.device):
+    if not use_triton(backend, q.device) or _needs_autograd(q, k, cos, sin):
         return rope_reference(q, cos, sin), rope_reference(k, cos, sin)
     from ._fused_triton import launch_rope
 
@@ -72,7 +77,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 
 def silu_mul(gate_up: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
-    if not use_triton(backend, gate_up.device):
+    if not use_triton(backend, gate_up.device) or _needs_autograd(gate_up):
         return silu_mul_reference(gate_up)
     from ._fused_triton import launch_silu_mul
 

@@ -139,3 +139,18 @@ def test_gpu_triton_matches_reference(dtype):
 
 if __name__ == "__main__":
     _interpreter_main()
+
+
+def test_training_takes_the_differentiable_path_even_when_triton_is_forced():
+    """The Triton kernels have no backward; with autograd on, the dispatchers must use the
+    references (otherwise gradients stop at every norm: a model would not train on a GPU)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 32, generator=g, requires_grad=True)
+    w = torch.ones(32, requires_grad=True)
+    y, _ = add_rms_norm(x, None, w, 1e-5, backend="triton")  # no triton launch happens: autograd needs the reference
+    gu = torch.randn(4, 64, generator=g, requires_grad=True)
+    q = torch.randn(1, 4, 2, 8, generator=g, requires_grad=True)
+    cos, sin = torch.randn(1, 4, 8, generator=g), torch.randn(1, 4, 8, generator=g)
+    qq, _ = rope(q, q.detach(), cos, sin, backend="triton")
+    (y.sum() + silu_mul(gu, backend="triton").sum() + qq.sum()).backward()
+    assert x.grad is not None and w.grad is not None and gu.grad is not None and q.grad is not None
