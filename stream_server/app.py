@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batched: all streams decoded together each step (paged KV, CUDA graphs); "
                         "sequential: one session after another (reference)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the batched engine's steps eagerly")
+    p.add_argument("--drafter", default=None,
+                   help="Eagle drafter folder (speculative/): verify several frames per step when audio is backlogged")
+    p.add_argument("--num-speculative-tokens", type=_positive_int, default=4, help="drafts per stream per step")
     p.add_argument("--max-session-seconds", type=_nonneg_float, default=0.0,
                    help="end sessions at this length (0: unlimited; a bound lets more streams fit in KV memory)")
     p.add_argument("--served-model-name", nargs="+", default=None,
@@ -130,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     engine = build_engine(args.engine, args.model, model_name=settings.served_model_names[0], device=device,
                           dtype=args.dtype, max_streams=2 * settings.max_sessions, cuda_graphs=not args.no_cuda_graphs,
-                          max_session_seconds=args.max_session_seconds or None)
+                          max_session_seconds=args.max_session_seconds or None, drafter=args.drafter,
+                          num_speculative_tokens=args.num_speculative_tokens)
     asyncio.run(serve_until_signal(settings, engine))
     return 0

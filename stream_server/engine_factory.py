@@ -20,7 +20,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu", dtype: str | None = None,
                  max_streams: int = 64, cuda_graphs: bool = True, max_session_seconds: float | None = None,
-                 kv_memory_fraction: float = 0.9) -> TranscriptionEngine:
+                 kv_memory_fraction: float = 0.9, drafter: str | None = None,
+                 num_speculative_tokens: int = 4) -> TranscriptionEngine:
     """Load `model` (a folder or "default") and wrap it in the engine `kind` (not started)."""
     if kind not in ENGINES:
         raise ValueError(f"unknown engine {kind!r} (available: {', '.join(ENGINES)})")
@@ -28,6 +29,8 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
     net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
     logger.info("loaded model %s on %s (%s)", model, device, torch_dtype)
     if kind == "sequential":
+        if drafter is not None:
+            raise ValueError("--drafter needs the batched engine")
         from realtime.sequential_engine import SequentialEngine
 
         return SequentialEngine(net, tokenizer, model_name=model_name, max_streams=max_streams)
@@ -47,5 +50,13 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
                                per_stream / 2**20, max_streams)
                 opts = RunnerOptions(max_streams=max(1, fit), max_batch=max(1, fit), cuda_graphs=cuda_graphs,
                                      max_session_seconds=max_session_seconds)
-        return BatchedEngine(net, tokenizer, opts=opts, model_name=model_name)
+        speculative = None
+        if drafter is not None:  # lossless speculation for backlogged streams (catch-up, flush, files)
+            from realtime.engine.speculation import SpeculativeConfig
+            from speculative.drafter import load_drafter
+
+            eagle = load_drafter(drafter, target_embedding=net.language_model.embed_tokens.weight,
+                                 device=net.device, dtype=net.dtype)
+            speculative = SpeculativeConfig(eagle, num_speculative_tokens=num_speculative_tokens)
+        return BatchedEngine(net, tokenizer, opts=opts, model_name=model_name, speculative=speculative)
     raise AssertionError(kind)  # unreachable: checked above

@@ -1,0 +1,45 @@
+"""The service with a drafter (`--drafter`): transcripts unchanged, speculation counted on /metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from test_server_common import (  # noqa: F401  (fixtures)
+    MODEL,
+    ckpt,
+    clip,
+    engine,
+    fresh_vllm_utterance,
+    reference,
+    start_server,
+)
+from test_server_robustness import http_get
+from test_speculative import echo_drafter
+
+from realtime.model_store import load_model_and_tokenizer
+from speculative.drafter import save_drafter
+from stream_server.engine_factory import build_engine
+
+
+async def test_vllm_utterances_with_a_drafter(ckpt, tmp_path, start_server, reference):
+    path = ckpt
+    model, _ = load_model_and_tokenizer(path)
+    save_drafter(echo_drafter(model), tmp_path / "drafter")
+    eng = build_engine("batched", str(path), model_name=MODEL, max_streams=8, drafter=str(tmp_path / "drafter"),
+                       num_speculative_tokens=3)
+    eng.start()
+    try:
+        srv = start_server(engine_override=eng)
+        # unpaced audio (the vLLM example client sends everything at once): streams are backlogged
+        for seed in (71, 72):
+            audio = clip(2.0, seed=seed)
+            assert await fresh_vllm_utterance(srv.ws_url, audio) == reference(audio)
+        stats = eng.stats()
+        assert stats.spec_drafted > 0  # the drafter really ran
+        _, _, body = http_get(f"http://127.0.0.1:{srv.port}/metrics")
+        text = body.decode()
+        drafted = [float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith("streamscribe_spec_drafted_tokens ")]
+        assert drafted and drafted[0] > 0
+        assert np.isfinite(stats.spec_accepted)
+    finally:
+        eng.stop()
