@@ -24,7 +24,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,7 +98,7 @@ class SyntheticStreams:
         # host front-end work of a real step: batched log-mel of each stream's new 80 ms
         windows = torch.stack(self.host_mel)
         mel = r.mel.from_padded(windows, 8).to(r.device, r.dtype)
-        r.encode(mel, self.slots, self.lm_pos)
+        r.encoder.run(1, mel, self.slots, self.lm_pos)
         ids = r.decode(self.slots, self.lm_pos, self.tokens, self.delays)
         self.tokens = ids.tolist()  # the device -> host sync of a real step
         self.lm_pos = [p + 1 for p in self.lm_pos]
@@ -137,7 +136,7 @@ def bench_b1(model, bw: float, steps: int) -> dict:
     dev = []
     for _ in range(50):
         s_ev.record()
-        runner.encode(sim.mel, sim.slots, sim.lm_pos)
+        runner.encoder.run(1, sim.mel, sim.slots, sim.lm_pos)
         runner.decode(sim.slots, sim.lm_pos, sim.tokens, sim.delays)
         e_ev.record()
         e_ev.synchronize()

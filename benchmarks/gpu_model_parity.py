@@ -117,7 +117,6 @@ def child_parity(work: Path, seconds: float) -> dict:
     import transformers
 
     from conftest import padded_for_offline, synthetic_audio
-    from realtime.audio import log_mel_spectrogram
     from realtime.loader import load_model
     from realtime.session import StreamingSession
 

@@ -1,21 +1,13 @@
 // Audio sources that deliver 16 kHz mono PCM16 chunks to one callback: the microphone (through the
 // capture worklet) and a decoded file paced at real time. Both feed the same sending path.
 
+import { floatToPcm16 } from "./pcm16.js";
+
+export { floatToPcm16 };
+
 export const RATE = 16000;
 const FILE_CHUNK = 320; // samples per append in file mode: 20 ms, like the worklet's batches
 const FLUSH_TIMEOUT_MS = 1000;
-
-export function floatToPcm16(samples) {
-  const out = new Int16Array(samples.length);
-  for (let i = 0; i < samples.length; i++) {
-    // Asymmetric scale, as Chromium decodes PCM16 (k / 32767 above zero, k / 32768 below): a
-    // 16-bit file round-trips exactly. Clamp what a float source might overshoot.
-    const x = samples[i];
-    const v = Math.round(x < 0 ? x * 32768 : x * 32767);
-    out[i] = v > 32767 ? 32767 : v < -32768 ? -32768 : v;
-  }
-  return out;
-}
 
 // Decodes any file the browser can read to 16 kHz mono (the browser resamples; channels averaged).
 export async function decodeTo16k(arrayBuffer) {

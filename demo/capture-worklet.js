@@ -5,6 +5,8 @@
 // signal: no clicks or drift at block edges whatever the ratio (44.1 kHz -> 16 kHz is not integer).
 // Its cutoff sits below the output Nyquist frequency so downsampling does not alias.
 
+import { floatToPcm16 } from "./pcm16.js";
+
 const OUT_RATE = 16000;
 const BATCH = 320; // output samples per message: 20 ms, small enough to add little latency
 const HALF_TAPS = 16; // kernel half-width in output samples
@@ -69,17 +71,6 @@ class SincResampler {
   }
 }
 
-function toPcm16(samples) {
-  const out = new Int16Array(samples.length);
-  for (let i = 0; i < samples.length; i++) {
-    // Asymmetric scale, as Chromium decodes PCM16 (k / 32767 above zero, k / 32768 below): a
-    // 16-bit file round-trips exactly. Clamp what a float source might overshoot.
-    const x = samples[i];
-    const v = Math.round(x < 0 ? x * 32768 : x * 32767);
-    out[i] = v > 32767 ? 32767 : v < -32768 ? -32768 : v;
-  }
-  return out;
-}
 
 class Pcm16CaptureProcessor extends AudioWorkletProcessor {
   constructor() {
@@ -101,7 +92,7 @@ class Pcm16CaptureProcessor extends AudioWorkletProcessor {
 
   post(n) {
     if (n === 0) return;
-    const pcm = toPcm16(this.pending.subarray(0, n));
+    const pcm = floatToPcm16(this.pending.subarray(0, n));
     this.port.postMessage({ type: "pcm", pcm }, [pcm.buffer]);
     this.filled = 0;
   }

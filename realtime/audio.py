@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import AudioFrontendConfig
+from .config import AudioFrontendConfig, ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,13 @@ class IncrementalLogMel:
         self._first = -half
         self._next_frame = 0
         self.samples_received = 0
+
+    @classmethod
+    def for_stream(cls, cfg: ModelConfig) -> "IncrementalLogMel":
+        """The front-end of a new stream: already holding the stream's left padding of silence."""
+        mel = cls(cfg.audio)
+        mel.push(torch.zeros(cfg.left_pad_samples))
+        return mel
 
     def push(self, samples: torch.Tensor) -> None:
         s = samples.to(torch.float32).reshape(-1)

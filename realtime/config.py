@@ -129,6 +129,26 @@ class ModelConfig:
     def right_pad_tokens(self, delay_tokens: int) -> int:
         return delay_tokens + 1 + self.streaming.right_pad_buffer_tokens
 
+    @property
+    def left_pad_samples(self) -> int:
+        """Silence every stream starts with (n_left_pad_tokens audio tokens)."""
+        return self.streaming.n_left_pad_tokens * self.samples_per_token
+
+    def finish_padding(self, user_samples: int, delay_tokens: int) -> tuple[int, int]:
+        """End of audio: (zero samples to append, total LM positions of the stream).
+
+        Zeros to a whole token, then delay + 1 + buffer tokens so the delayed text is flushed; the
+        stream then has `total` audio tokens and decoding stops when `total` tokens are known.
+        """
+        spt = self.samples_per_token
+        pad = (-user_samples) % spt + self.right_pad_tokens(delay_tokens) * spt
+        return pad, self.streaming.n_left_pad_tokens + (user_samples + pad) // spt
+
+    def audio_end_ms(self, position: int) -> int:
+        """Stream audio (ms from its first sample) the model had seen when deciding the token of
+        LM position `position` (the step ran position - 1, which reads audio token position - 1)."""
+        return max(0, (position - self.streaming.n_left_pad_tokens) * self.token_duration_ms)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from .attention import SlidingWindowCache
@@ -56,8 +55,7 @@ class StreamingSession:
         self.tokens: list[int] = list(self.prompt)  # tokens[p] is the input token of position p
         self._device, self._dtype = model.device, model.dtype
 
-        self._mel = IncrementalLogMel(cfg.audio)
-        self._mel.push(torch.zeros(cfg.streaming.n_left_pad_tokens * cfg.samples_per_token))
+        self._mel = IncrementalLogMel.for_stream(cfg)
         self._conv_state = model.audio_tower.embedder.initial_state(1, self._device, self._dtype)
         self._enc_cache = SlidingWindowCache(cfg.encoder.num_layers, cfg.encoder.sliding_window)
         self._dec_cache = SlidingWindowCache(cfg.decoder.num_layers, cfg.decoder.sliding_window)
@@ -102,10 +100,8 @@ class StreamingSession:
         if self.finished:
             raise SessionError("finish() called twice")
         self.finished = True
-        spt = self.cfg.samples_per_token
-        pad = (-self.user_samples) % spt + self.cfg.right_pad_tokens(self.delay_tokens) * spt
+        pad, self.total_tokens = self.cfg.finish_padding(self.user_samples, self.delay_tokens)
         self._mel.push(torch.zeros(pad))
-        self.total_tokens = self.cfg.streaming.n_left_pad_tokens + (self.user_samples + pad) // spt
         events = self._run()
         tail = self._detok.flush()
         if tail:
@@ -149,8 +145,6 @@ class StreamingSession:
     def _run(self) -> list[TokenEvent]:
         events: list[TokenEvent] = []
         prompt_len = len(self.prompt)
-        spt_ms = self.cfg.token_duration_ms
-        n_left = self.cfg.streaming.n_left_pad_tokens
         while not self.done:
             if self._lm_pos == 0:
                 # prefill: the whole prompt at once, which needs P audio tokens
@@ -168,8 +162,7 @@ class StreamingSession:
             pos = self._lm_pos  # the position whose input token was just decided
             self.tokens.append(next_id)
             text = "" if next_id == self.cfg.tokens.eos else self._detok.push(next_id)
-            audio_end_ms = max(0, (pos - n_left) * spt_ms)
-            events.append(TokenEvent(next_id, pos, text, audio_end_ms))
+            events.append(TokenEvent(next_id, pos, text, self.cfg.audio_end_ms(pos)))
             if next_id == self.cfg.tokens.eos:
                 self.ended_by_eos = True
         return events

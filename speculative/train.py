@@ -104,11 +104,10 @@ def teacher_forced(model: VoxtralRealtime, audio: np.ndarray, tokens: list[int],
     so memory stays bounded by the windows."""
     cfg = model.config
     dev = model.device
-    spt, mpt, fpt = cfg.samples_per_token, cfg.streaming.mel_frames_per_token, cfg.streaming.downsample_factor
-    mel = IncrementalLogMel(cfg.audio)
-    mel.push(torch.zeros(cfg.streaming.n_left_pad_tokens * spt))
+    mpt, fpt = cfg.streaming.mel_frames_per_token, cfg.streaming.downsample_factor
+    mel = IncrementalLogMel.for_stream(cfg)
     mel.push(torch.from_numpy(audio))
-    mel.push(torch.zeros((-audio.size) % spt + cfg.right_pad_tokens(delay_tokens) * spt))
+    mel.push(torch.zeros(cfg.finish_padding(audio.size, delay_tokens)[0]))
     n_tok = len(tokens) - 1
     if mel.available() < n_tok * mpt:
         raise ValueError(f"{n_tok} tokens need {n_tok * mpt} mel frames, the padded audio has {mel.available()}")

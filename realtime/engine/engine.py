@@ -107,8 +107,7 @@ class BatchedEngine:
             slot = self._free_slots.pop()
             sid = self._next_id
             self._next_id += 1
-            mel = IncrementalLogMel(c.audio)
-            mel.push(torch.zeros(c.streaming.n_left_pad_tokens * c.samples_per_token))
+            mel = IncrementalLogMel.for_stream(c)
             stream = EngineStream(sid, slot, delay_tokens, c.prompt_ids(delay_tokens), on_event, mel,
                                   IncrementalDetokenizer(self.tokenizer), max_tokens=self.runner.max_tokens)
             self._controls[sid] = _Control(stream)
@@ -201,11 +200,8 @@ class BatchedEngine:
         return live
 
     def _apply_finish(self, s: EngineStream) -> None:
-        c = self.config
-        spt = c.samples_per_token
-        pad = (-s.user_samples) % spt + c.right_pad_tokens(s.delay_tokens) * spt
+        pad, s.total_tokens = self.config.finish_padding(s.user_samples, s.delay_tokens)
         s.mel.push(torch.zeros(pad))
-        s.total_tokens = c.streaming.n_left_pad_tokens + (s.user_samples + pad) // spt
         s.finish_requested = True
 
     def _has_pending_work(self) -> bool:
@@ -296,7 +292,7 @@ class BatchedEngine:
         s.tokens.append(tok)
         pos = len(s.tokens) - 1
         text = "" if tok == c.tokens.eos else s.detok.push(tok)
-        audio_end_ms = max(0, (pos - c.streaming.n_left_pad_tokens) * c.token_duration_ms)
+        audio_end_ms = c.audio_end_ms(pos)
         if tok == c.tokens.eos:
             s.ended_by_eos = True
         if s.max_tokens is not None and len(s.tokens) >= s.max_tokens and not s.is_finished():
@@ -307,7 +303,7 @@ class BatchedEngine:
         s.done = True
         tail = s.detok.flush()
         if tail:
-            s.on_event(StreamToken(s.stream_id, -1, tail, len(s.tokens) - 1, 0))
+            s.on_event(StreamToken(s.stream_id, -1, tail, len(s.tokens) - 1, self.config.audio_end_ms(len(s.tokens) - 1)))
         s.on_event(StreamDone(s.stream_id, s.detok.text, s.prompt_len, len(s.tokens) - s.prompt_len,
                               s.ended_by_eos, s.truncated))
 

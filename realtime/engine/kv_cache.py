@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -80,8 +81,10 @@ class PagedKVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(spec.num_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(spec.num_layers)]
         self.pool = BlockPool(num_blocks)
-        # -1 marks unused table entries; a stream's whole ring is reserved at admission
+        # -1 marks unused table entries; a stream's whole ring is reserved at admission. The host
+        # mirror lets step metadata (slot mappings, table rows) be built on the host and uploaded once.
         self.tables = torch.full((max_streams, self.width), -1, dtype=torch.int32, device=device)
+        self.tables_host = np.full((max_streams, self.width), -1, dtype=np.int32)
         self._owned: dict[int, list[int]] = {}
 
     def can_admit(self) -> bool:
@@ -90,13 +93,21 @@ class PagedKVCache:
     def admit(self, slot: int) -> None:
         blocks = self.pool.take(self.width)
         self._owned[slot] = blocks
-        self.tables[slot] = torch.tensor(blocks, dtype=torch.int32, device=self.tables.device)
+        self.tables_host[slot] = blocks
+        self.tables[slot] = torch.from_numpy(self.tables_host[slot]).to(self.tables.device)
 
     def release(self, slot: int) -> None:
         blocks = self._owned.pop(slot, None)
         if blocks is not None:
             self.pool.give_back(blocks)
+            self.tables_host[slot] = -1
             self.tables[slot] = -1
+
+    def host_slots(self, slot: int, positions: np.ndarray) -> np.ndarray:
+        """`slot_mapping` for one stream on the host (int64), from the mirrored ring table."""
+        bs = self.spec.block_size
+        blocks = self.tables_host[slot]
+        return blocks[(positions // bs) % self.width].astype(np.int64) * bs + positions % bs
 
     def slot_mapping(self, stream_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Flat cache slot (physical_block * block_size + offset) of each (stream slot, position)."""

@@ -1,7 +1,8 @@
-"""Encoder look-ahead for speculation: several audio tokens per stream per step into the encoder cache.
+"""The encoder step: new audio tokens of a batch of streams into the encoder cache.
 
-Speculating k tokens at LM position p needs the audio embeddings of positions p .. p+k, so the
-encoder must run ahead of the LM. One call encodes `n` consecutive audio tokens for each stream of
+Live decoding encodes one audio token per stream per step (n = 1). Speculating k tokens at LM
+position p needs the audio embeddings of positions p .. p+k, so the encoder must then run ahead
+of the LM, several tokens per call. One call encodes `n` consecutive audio tokens for each stream of
 a batch (n a power of two up to the largest chunk): mel [B, n_mels, 8n] through the conv stem (per
 stream state), the encoder layers (paged sliding-window attention, 4n query frames per stream:
 the encoder ring is sized for `fpt * max_step_tokens` queries, so n <= max_step_tokens) and the
@@ -21,11 +22,15 @@ import logging
 import numpy as np
 import torch
 
+from typing import TYPE_CHECKING
+
 from .attention import PagedAttention
 from .cuda_graph import DecodeGraphRunner
-from .model_runner import ModelRunner
 from .staging import Field, StepMetadata
 from .stream import EngineStream
+
+if TYPE_CHECKING:  # the runner owns this encoder step
+    from .model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -39,21 +44,15 @@ def chunk_sizes(max_chunk: int) -> list[int]:
     return sizes[::-1]
 
 
-def host_slot_mapping(blocks: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
-    """Flat cache slots of `positions` in a ring of physical `blocks` (as PagedKVCache.slot_mapping)."""
-    return blocks[(positions // block_size) % len(blocks)].astype(np.int64) * block_size + positions % block_size
-
-
 class LookaheadEncoder:
-    def __init__(self, runner: ModelRunner, max_chunk: int, enc_blocks: dict[int, np.ndarray]) -> None:
-        """enc_blocks: host copy of each slot's encoder ring (kept current by the owner)."""
+    def __init__(self, runner: "ModelRunner", max_chunk: int) -> None:
         c = runner.cfg
         if max_chunk > runner.opts.max_step_tokens:
             raise ValueError(f"encoder chunk {max_chunk} exceeds max_step_tokens {runner.opts.max_step_tokens} "
                              "(the encoder KV ring is sized for that many tokens per call)")
         if max_chunk > runner.cache_len:
             raise ValueError(f"encoder chunk {max_chunk} exceeds the audio cache ring ({runner.cache_len} tokens)")
-        self.runner, self.enc_blocks = runner, enc_blocks
+        self.runner = runner
         self.sizes = chunk_sizes(max_chunk)
         self.max_chunk = self.sizes[0]
         self.fpt = fpt = c.streaming.downsample_factor
@@ -107,20 +106,27 @@ class LookaheadEncoder:
     def _encode_group(self, group: list[EngineStream], n: int) -> None:
         if not group:
             return
+        mel = self.runner._mel_batch(group, n)  # [b, n_mels, 8n] (advances each stream's mel front-end)
+        self.run(n, mel, [s.slot for s in group], [s.audio_done for s in group])
+        for s in group:
+            s.audio_done += n
+
+    @torch.no_grad()
+    def run(self, n: int, mel: torch.Tensor, slots: list[int], audio_done: list[int]) -> None:
+        """Encode `n` tokens per stream from mel [b, n_mels, 8n]: stream i (cache slot `slots[i]`)
+        at audio token index `audio_done[i]`. (Benchmarks drive the encoder through this directly.)"""
         r, fpt = self.runner, self.fpt
-        b = len(group)
-        mel = r._mel_batch(group, n)  # [b, n_mels, 8n] (advances each stream's mel front-end)
+        b = len(slots)
         h = self.meta[n].begin()
-        bs, cl = r.enc_cache.spec.block_size, r.cache_len
+        cl = r.cache_len
         frame_offsets = np.arange(fpt * n)
-        for i, s in enumerate(group):
-            blocks = self.enc_blocks[s.slot]
-            frames = s.audio_done * fpt + frame_offsets
-            h["slots"][i] = s.slot
+        for i, (slot, done) in enumerate(zip(slots, audio_done)):
+            frames = done * fpt + frame_offsets
+            h["slots"][i] = slot
             h["pos"][i * fpt * n: (i + 1) * fpt * n] = frames
-            h["slot_mapping"][i * fpt * n: (i + 1) * fpt * n] = host_slot_mapping(blocks, frames, bs)
-            h["tables"][i] = blocks
-            h["rows"][i * n: (i + 1) * n] = s.slot * cl + (s.audio_done + np.arange(n)) % cl
+            h["slot_mapping"][i * fpt * n: (i + 1) * fpt * n] = r.enc_cache.host_slots(slot, frames)
+            h["tables"][i] = r.enc_cache.tables_host[slot]
+            h["rows"][i * n: (i + 1) * n] = slot * cl + (done + np.arange(n)) % cl
         self.meta[n].upload()
         self.mel[n][:b] = mel
         graphs = self.graphs.get(n)
@@ -128,5 +134,3 @@ class LookaheadEncoder:
             graphs.replay(graphs.bucket(b))
         else:
             self._forward(n, b)
-        for s in group:
-            s.audio_done += n

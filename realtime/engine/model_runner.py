@@ -13,6 +13,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kernels.gather_add import gather_add_embeddings
@@ -22,6 +23,8 @@ from ..model import VoxtralRealtime
 from .attention import PagedAttention, PrefillAttention
 from .cuda_graph import DecodeGraphRunner
 from .kv_cache import CacheSpec, PagedKVCache
+from .lookahead import LookaheadEncoder
+from .staging import Field, StepMetadata
 from .stream import EngineStream
 
 logger = logging.getLogger(__name__)
@@ -36,6 +39,7 @@ class RunnerOptions:
     cuda_graphs: bool = True
     encoder_cache_tokens: int = 8  # audio embeddings kept per stream ahead of the LM
     max_step_tokens: int = 8  # most LM positions one stream runs in a step (speculative verify: k + 1)
+    encoder_chunk: int = 1  # most audio tokens per stream per encoder call (speculation raises it)
 
 
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
@@ -91,47 +95,27 @@ class ModelRunner:
         self.audio_cache = torch.zeros((opts.max_streams + 1) * self.cache_len, c.decoder.hidden_size, device=dev,
                                        dtype=dt)
 
-        # persistent decode-step buffers (fixed addresses for CUDA graphs)
+        # persistent decode-step buffers (fixed addresses for CUDA graphs); the per-step index
+        # metadata is built on the host and arrives in one copy per dtype (staging.StepMetadata)
         b = opts.max_batch
-        self.token_ids = torch.zeros(b, dtype=torch.int64, device=dev)
-        self.audio_rows = torch.zeros(b, dtype=torch.int64, device=dev)
+        i64, i32 = torch.int64, torch.int32
+        self.meta = StepMetadata({
+            "token_ids": Field((b,), i64, -1),  # padding rows: no token, zero input
+            "audio_rows": Field((b,), i64, -1),
+            "positions": Field((b,), i32, -1),  # padding rows: no KV read
+            "delays": Field((b,), i32, 0),
+            "slot_mapping": Field((b,), i64, -1),  # padding rows: no KV write
+            "block_tables": Field((b, self.lm_cache.width), i32, 0),
+        }, dev)
         self.inputs_embeds = torch.zeros(b, c.decoder.hidden_size, device=dev, dtype=dt)
-        self.positions = torch.zeros(b, dtype=torch.int32, device=dev)
-        self.delays = torch.zeros(b, dtype=torch.int32, device=dev)
-        self.slot_mapping = torch.full((b,), -1, dtype=torch.int64, device=dev)
-        self.block_tables = torch.zeros(b, self.lm_cache.width, dtype=torch.int32, device=dev)
-        self.seq_ids = torch.arange(b, dtype=torch.int32, device=dev)
-        self.next_ids = torch.zeros(b, dtype=torch.int64, device=dev)
-        # persistent encoder-step buffers: one audio token (fpt encoder frames) per stream
-        fpt = c.streaming.downsample_factor
-        self.enc_mel = torch.zeros(b, c.audio.num_mel_bins, c.streaming.mel_frames_per_token, device=dev, dtype=dt)
-        self.enc_slots = torch.full((b,), self.pad_slot, dtype=torch.int64, device=dev)
-        self.enc_start = torch.zeros(b, dtype=torch.int32, device=dev)  # first encoder position of the token
-        self.enc_rows = torch.zeros(b, dtype=torch.int64, device=dev)  # audio cache row of the new embedding
-        self.enc_pos = torch.zeros(b * fpt, dtype=torch.int32, device=dev)
-        self.enc_seq = torch.arange(b, dtype=torch.int32, device=dev).repeat_interleave(fpt)
-        self.enc_slot_mapping = torch.full((b * fpt,), -1, dtype=torch.int64, device=dev)
-        self.enc_tables = torch.zeros(b, self.enc_cache.width, dtype=torch.int32, device=dev)
+        self.seq_ids = torch.arange(b, dtype=i32, device=dev)
+        self.next_ids = torch.zeros(b, dtype=i64, device=dev)
+        # the encoder step (one audio token per stream; several when speculation looks ahead)
+        self.encoder = LookaheadEncoder(self, opts.encoder_chunk)
         self.graphs: DecodeGraphRunner | None = None
-        self.enc_graphs: DecodeGraphRunner | None = None
         if opts.cuda_graphs and dev.type == "cuda":
-            self._set_padding(0, opts.max_batch)
-            self._set_encoder_padding(0, opts.max_batch)
-            self.enc_graphs = DecodeGraphRunner(self._encode_forward, opts.max_batch, dev)
-            self.enc_graphs.capture()
             self.graphs = DecodeGraphRunner(self._decode_forward, opts.max_batch, dev)
             self.graphs.capture()
-
-    def _h2d(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        """Host list -> device tensor without stalling the host.
-
-        A copy from pageable memory waits for all queued GPU work first, which would keep the host
-        from preparing the LM step while the encoder runs; pinned memory makes the copy async (the
-        caching host allocator keeps the block alive until the copy is done)."""
-        t = torch.tensor(values, dtype=dtype)
-        if self.device.type != "cuda":
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
 
     # -- admission -----------------------------------------------------------------------------
     def can_admit(self) -> bool:
@@ -158,57 +142,9 @@ class ModelRunner:
             mel = mel.pin_memory().to(self.device, non_blocking=True)
         return mel.to(self.dtype)
 
-    def _encode_forward(self, b: int) -> None:
-        """Conv stem, encoder layers and adapter for the first `b` rows (graph-capturable)."""
-        fpt = self.cfg.streaming.downsample_factor
-        slots = self.enc_slots[:b]
-        state = (self.conv1_state.index_select(0, slots), self.conv2_state.index_select(0, slots))
-        frames, (s1, s2) = self.model.audio_tower.embedder(self.enc_mel[:b], state)
-        self.conv1_state.index_copy_(0, slots, s1)
-        self.conv2_state.index_copy_(0, slots, s2)
-        pos = self.enc_pos[: b * fpt]
-        backend = PagedAttention(self.enc_cache, self.enc_slot_mapping[: b * fpt], self.enc_tables[:b],
-                                 self.enc_seq[: b * fpt], pos, tokens_per_run=fpt)
-        hidden = self.model.audio_tower(frames.reshape(1, b * fpt, -1), pos[None], backend)
-        self.audio_cache.index_copy_(0, self.enc_rows[:b], self.model.multi_modal_projector(hidden)[0])
-
-    def _set_encoder_padding(self, start: int, end: int) -> None:
-        if end > start:
-            fpt = self.cfg.streaming.downsample_factor
-            self.enc_slots[start:end] = self.pad_slot
-            self.enc_rows[start:end] = self.pad_slot * self.cache_len
-            self.enc_pos[start * fpt: end * fpt] = -1
-            self.enc_slot_mapping[start * fpt: end * fpt] = -1
-
-    @torch.no_grad()
-    def encode(self, mel: torch.Tensor, slots: list[int], audio_done: list[int]) -> None:
-        """Encode one audio token per stream: mel [B, n_mels, 8] of streams at token index audio_done."""
-        b = len(slots)
-        fpt = self.cfg.streaming.downsample_factor
-        dev = self.device
-        slot_t = self._h2d(slots, torch.int64)
-        start = self._h2d(audio_done, torch.int32) * fpt
-        pos = (start[:, None] + torch.arange(fpt, device=dev, dtype=torch.int32)).reshape(-1)
-        self.enc_mel[:b] = mel
-        self.enc_slots[:b] = slot_t
-        self.enc_pos[: b * fpt] = pos
-        self.enc_slot_mapping[: b * fpt] = self.enc_cache.slot_mapping(slot_t.repeat_interleave(fpt), pos)
-        torch.index_select(self.enc_cache.tables, 0, slot_t, out=self.enc_tables[:b])
-        self.enc_rows[:b] = slot_t * self.cache_len + self._h2d(audio_done, torch.int64) % self.cache_len
-        if self.enc_graphs is not None:
-            run_b = self.enc_graphs.bucket(b)
-            self._set_encoder_padding(b, run_b)
-            self.enc_graphs.replay(run_b)
-        else:
-            self._encode_forward(b)
-
-    @torch.no_grad()
     def encode_step(self, streams: list[EngineStream]) -> None:
         """One new audio token for each stream (all already prefilled) -> the encoder cache."""
-        mel = self._mel_batch(streams, 1)
-        self.encode(mel, [s.slot for s in streams], [s.audio_done for s in streams])
-        for s in streams:
-            s.audio_done += 1
+        self.encoder.encode([(s, 1) for s in streams])
 
     # -- prefill -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -244,21 +180,13 @@ class ModelRunner:
     # -- LM decode step ------------------------------------------------------------------------
     def _decode_forward(self, b: int) -> None:
         """The LM step over the first `b` rows of the persistent buffers (graph-capturable)."""
-        backend = PagedAttention(self.lm_cache, self.slot_mapping[:b], self.block_tables[:b], self.seq_ids[:b],
-                                 self.positions[:b])
-        ada = self.model.ada_scales_for(self.delays[:b])
-        t_cond = None if ada is not None else self.model.t_cond(self.delays[:b])[None]
-        hidden = self.model.decode(self.inputs_embeds[None, :b], self.positions[None, :b], t_cond, backend, ada)
+        m = self.meta.dev
+        backend = PagedAttention(self.lm_cache, m["slot_mapping"][:b], m["block_tables"][:b], self.seq_ids[:b],
+                                 m["positions"][:b])
+        ada = self.model.ada_scales_for(m["delays"][:b])
+        t_cond = None if ada is not None else self.model.t_cond(m["delays"][:b])[None]
+        hidden = self.model.decode(self.inputs_embeds[None, :b], m["positions"][None, :b], t_cond, backend, ada)
         self.next_ids[:b] = self.model.logits(hidden[0]).argmax(-1)
-
-    def _set_padding(self, start: int, end: int) -> None:
-        """Rows that a graph bucket runs but no stream owns: no KV write, zero attention, zero input."""
-        if end > start:
-            self.token_ids[start:end] = -1
-            self.audio_rows[start:end] = -1
-            self.positions[start:end] = -1
-            self.delays[start:end] = 0
-            self.slot_mapping[start:end] = -1
 
     @torch.no_grad()
     def decode_step(self, streams: list[EngineStream]) -> torch.Tensor:
@@ -267,21 +195,27 @@ class ModelRunner:
                            [s.tokens[s.lm_pos] for s in streams], [s.delay_tokens for s in streams])
 
     @torch.no_grad()
-    def decode(self, slots_l: list[int], positions: list[int], tokens: list[int], delays: list[int]) -> torch.Tensor:
-        b = len(slots_l)
-        dev = self.device
-        slots = self._h2d(slots_l, torch.int64)
-        pos = self._h2d(positions, torch.int32)
-        self.token_ids[:b] = self._h2d(tokens, torch.int64)
-        self.audio_rows[:b] = slots * self.cache_len + pos.long() % self.cache_len
-        self.positions[:b] = pos
-        self.delays[:b] = self._h2d(delays, torch.int32)
-        self.slot_mapping[:b] = self.lm_cache.slot_mapping(slots, pos)
-        torch.index_select(self.lm_cache.tables, 0, slots, out=self.block_tables[:b])
+    def decode(self, slots: list[int], positions: list[int], tokens: list[int], delays: list[int]) -> torch.Tensor:
+        """LM position `positions[i]` of the stream in cache slot `slots[i]`, whose input token is
+        `tokens[i]`; the merge `embed(token) + audio` runs inside the step (gather-add kernel)."""
+        b = len(slots)
+        h = self.meta.begin()  # every row starts as padding: rows b.. of a graph bucket stay padding
+        pos = np.asarray(positions, dtype=np.int64)
+        slot_a = np.asarray(slots, dtype=np.int64)
+        h["token_ids"][:b] = tokens
+        h["audio_rows"][:b] = slot_a * self.cache_len + pos % self.cache_len
+        h["positions"][:b] = pos
+        h["delays"][:b] = delays
+        h["block_tables"][:b] = self.lm_cache.tables_host[slot_a]
+        for i, (slot, p) in enumerate(zip(slots, positions)):
+            h["slot_mapping"][i] = self.lm_cache.host_slots(slot, np.asarray([p]))[0]
+        self.meta.upload()
         run_b = self.graphs.bucket(b) if self.graphs is not None else b
-        self._set_padding(b, run_b)
-        gather_add_embeddings(self.inputs_embeds[:run_b], self.token_ids[:run_b],
-                              self.model.language_model.embed_tokens.weight, self.audio_cache, self.audio_rows[:run_b])
+        # the one place embeddings are merged: embed(token) + audio of its position, written into the
+        # persistent inputs_embeds the (dummy-captured) graph reads; padding rows become zeros
+        m = self.meta.dev
+        gather_add_embeddings(self.inputs_embeds[:run_b], m["token_ids"][:run_b],
+                              self.model.language_model.embed_tokens.weight, self.audio_cache, m["audio_rows"][:run_b])
         if self.graphs is not None:
             self.graphs.replay(run_b)
         else:

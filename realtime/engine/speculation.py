@@ -51,7 +51,7 @@ from ..model import VoxtralRealtime
 from .attention import PagedAttention, PrefillAttention
 from .cuda_graph import DecodeGraphRunner
 from .kv_cache import CacheSpec, PagedKVCache
-from .lookahead import LookaheadEncoder, chunk_sizes, host_slot_mapping
+from .lookahead import chunk_sizes
 from .model_runner import ModelRunner, RunnerOptions
 from .staging import Field, StepMetadata
 from .stream import EngineStream
@@ -89,7 +89,9 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
     if cfg.min_buffered_tokens < 2:
         raise ValueError(f"min_buffered_tokens must be >= 2, got {cfg.min_buffered_tokens}")
     need = 2 * k + cfg.chunk(opts)
-    return opts if opts.encoder_cache_tokens >= need else replace(opts, encoder_cache_tokens=need)
+    if opts.encoder_cache_tokens < need:
+        opts = replace(opts, encoder_cache_tokens=need)
+    return opts if opts.encoder_chunk >= cfg.chunk(opts) else replace(opts, encoder_chunk=cfg.chunk(opts))
 
 
 class RealtimeTarget:
@@ -177,13 +179,8 @@ class Speculator:
         for slot in range(opts.max_streams):  # a fixed ring per slot: nothing to admit or release
             self.d_cache.admit(slot)
         self.kv_bytes_per_stream = width * spec.bytes_per_block(dt)
-        # host copies of each slot's rings (slot mappings are computed on the host): the drafter's
-        # are fixed; the encoder's and the LM's are read when a stream is prefilled
-        tables = self.d_cache.tables.cpu().numpy()
-        self.blocks: dict[str, dict[int, np.ndarray]] = {
-            "draft": {slot: tables[slot].copy() for slot in range(opts.max_streams)}, "enc": {}, "lm": {}}
         self.prev_pos = [0] * opts.max_streams  # per slot: the drafter is exact up to here; stash base
-        self.lookahead = LookaheadEncoder(runner, cfg.chunk(opts), self.blocks["enc"])
+        self.lookahead = runner.encoder  # built by the runner with this speculation's chunk size
         self.chunk = self.lookahead.max_chunk
 
         b, h = opts.max_batch, lm.hidden_size
@@ -306,9 +303,6 @@ class Speculator:
         d(x[None], prev_hidden[None], pos[None], t_cond, PrefillAttention(self.d_cache, s.slot, pos))
         self.stash[s.slot * (self.k + 1)] = hidden[n - 1]
         self.prev_pos[s.slot] = n - 1
-        # the stream's encoder and LM rings (fixed from admission until it leaves)
-        self.blocks["enc"][s.slot] = self.runner.enc_cache.tables[s.slot].cpu().numpy()
-        self.blocks["lm"][s.slot] = self.runner.lm_cache.tables[s.slot].cpu().numpy()
 
     # -- one step -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -336,7 +330,6 @@ class Speculator:
     def _layout(self, streams: list[EngineStream]) -> tuple[_Plan, int, int]:
         """Draft lengths, and the step's rows written into the host staging of the metadata."""
         k, C, kp1 = self.k, self.C, self.k + 1
-        bs = self.runner.opts.block_size
         k_s = {}
         for s in streams:
             decodable = min(s.audio_done, self.last_position(s) + 1) - s.lm_pos
@@ -349,15 +342,14 @@ class Speculator:
         c = v = 0  # rows used so far in the catch-up / verify layouts
         for i, s in enumerate(order):
             p, prev, slot, ks = s.lm_pos, self.prev_pos[s.slot], s.slot, plan.k_s[i]
-            d_blocks, lm_blocks = self.blocks["draft"][slot], self.blocks["lm"][slot]
-            h["d_tables"][i] = d_blocks
-            h["v_tables"][i] = lm_blocks
+            h["d_tables"][i] = self.d_cache.tables_host[slot]
+            h["v_tables"][i] = self.runner.lm_cache.tables_host[slot]
             # catch-up: positions prev+1 .. p, each reading h_{q-1} from the stash (rows 0 .. p-prev-1)
             q = np.arange(prev + 1, p + 1)
             sl = slice(c, c + len(q))
             h["c_tok"][sl] = s.tokens[prev + 1: p + 1]
             h["c_hid"][sl] = slot * kp1 + np.arange(len(q))
-            h["c_slot_mapping"][sl] = host_slot_mapping(d_blocks, q, bs)
+            h["c_slot_mapping"][sl] = self.d_cache.host_slots(slot, q)
             h["c_pos"][sl] = q
             h["c_dly"][sl] = s.delay_tokens
             h["c_seq"][sl] = i
@@ -371,7 +363,7 @@ class Speculator:
                 if ks > 1:
                     q = np.arange(p + 1, p + ks)
                     h["dr_pos"][: ks - 1, i] = q
-                    h["dr_slot_mapping"][: ks - 1, i] = host_slot_mapping(d_blocks, q, bs)
+                    h["dr_slot_mapping"][: ks - 1, i] = self.d_cache.host_slots(slot, q)
                     if self.drafter_audio:
                         h["dr_aud"][: ks - 1, i] = slot * C + q % C
             # verify: positions p .. p+k_s; row 0 carries the known token, rows 1.. the drafts
@@ -381,7 +373,7 @@ class Speculator:
             h["v_tok"][v] = s.tokens[p]
             h["v_src"][v + 1: v + ks + 1] = i * k + np.arange(ks)
             h["v_aud"][sl] = slot * C + q % C
-            h["v_slot_mapping"][sl] = host_slot_mapping(lm_blocks, q, bs)
+            h["v_slot_mapping"][sl] = self.runner.lm_cache.host_slots(slot, q)
             h["v_stash"][sl] = slot * kp1 + np.arange(ks + 1)
             h["v_pos"][sl] = q
             h["v_dly"][sl] = s.delay_tokens
