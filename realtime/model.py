@@ -15,8 +15,8 @@ import math
 from typing import Protocol
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from kernels.fused_ops import add_rms_norm, rope, silu_mul
 
@@ -56,7 +56,7 @@ class FrequencyTable:
     from a CUDA graph must not copy anything from the host.
     """
 
-    def __init__(self, make: "callable[[], torch.Tensor]") -> None:
+    def __init__(self, make: callable[[], torch.Tensor]) -> None:
         self._make = make
         self._per_device: dict[torch.device, torch.Tensor] = {}
 
@@ -96,7 +96,7 @@ class Attention(nn.Module):
         self.q_proj.weight.data, self.k_proj.weight.data, self.v_proj.weight.data = w[:nq], w[nq:nq + nk], w[nq + nk:]
         b = None
         if self.q_proj.bias is not None or self.v_proj.bias is not None:
-            zeros = lambda n: torch.zeros(n, device=w.device, dtype=w.dtype)  # noqa: E731
+            zeros = lambda n: torch.zeros(n, device=w.device, dtype=w.dtype)
             b = torch.cat([self.q_proj.bias.data if self.q_proj.bias is not None else zeros(nq), zeros(nk),
                            self.v_proj.bias.data if self.v_proj.bias is not None else zeros(nk)])
             if self.q_proj.bias is not None:
@@ -385,9 +385,10 @@ class VoxtralRealtime(nn.Module):
         dev = input_ids.device
         enc_pos = torch.arange(t * self.config.streaming.downsample_factor, device=dev).expand(b, -1)
         conv0 = self.audio_tower.embedder.initial_state(b, dev, self.dtype)
-        audio, _ = self.encode(mel, conv0, enc_pos, DenseAttention(enc_pos, self.config.encoder.sliding_window))
+        # every row has the same positions: one [1, T, T] mask broadcast over the batch
+        audio, _ = self.encode(mel, conv0, enc_pos, DenseAttention(enc_pos[:1], self.config.encoder.sliding_window))
         embeds = self.embed_tokens(input_ids) + audio
         pos = torch.arange(t, device=dev).expand(b, -1)
         t_cond = self.t_cond(delay_tokens.to(dev))[:, None, :]
-        hidden = self.decode(embeds, pos, t_cond, DenseAttention(pos, self.config.decoder.sliding_window))
+        hidden = self.decode(embeds, pos, t_cond, DenseAttention(pos[:1], self.config.decoder.sliding_window))
         return self.logits(hidden).float()

@@ -477,11 +477,20 @@ async def test_http_routes_and_metrics(start_server, reference, tmp_path):
     assert info.value.response.status_code == 404
 
     assert await fresh_vllm_utterance(srv.ws_url, SHORT) == reference(SHORT)
-    status, headers, body = http_get(base + "/metrics")
-    text = body.decode()
+
+    def scrape() -> tuple[int, dict, str, dict[str, float]]:
+        status, headers, body = http_get(base + "/metrics")
+        text = body.decode()
+        return status, headers, text, {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+                                       if line and not line.startswith("#")}
+
+    # the client has closed; the server ends the session when it reads the close frame, a moment later
+    deadline = time.monotonic() + 10
+    status, headers, text, values = scrape()
+    while values["streamscribe_sessions_active"] != 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        status, headers, text, values = scrape()
     assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-              if line and not line.startswith("#")}
     assert values["streamscribe_sessions_total"] >= 1
     assert values['streamscribe_sessions_by_dialect_total{dialect="vllm"}'] >= 1
     assert values["streamscribe_tokens_emitted_total"] > 0

@@ -97,7 +97,8 @@ def echo_drafter(model, cls=EagleDrafter, window: int | None = None) -> EagleMod
             layer.input_layernorm.weight.fill_(1.0)
             layer.post_attention_layernorm.weight.fill_(1.0)
         d.norm.weight.copy_(model.language_model.norm.weight)
-    return d.eval().tie_to(model.language_model.embed_tokens.weight)
+    emb = model.language_model.embed_tokens.weight
+    return d.to(emb.device, emb.dtype).eval().tie_to(emb)
 
 
 def scaled_target(model, alpha: float):

@@ -3,6 +3,7 @@ transcribes through the shipped session."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from realtime.train.data import BatchConfig
 from realtime.train.synth import Shard, Utterance
 from realtime.train.targets import TimedWord
 from realtime.train.train import TrainConfig, Trainer
+from realtime.train.warm import load_warm_state, pack_state
 
 WORDS = ["yes", "no", "stop", "go", "left", "right", "up", "down"]
 
@@ -97,3 +99,30 @@ def test_resume_is_identical(setup: tuple[Path, Path], tmp_path: Path) -> None:
     assert resumed.history["loss"] == straight.history["loss"]
     for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(p, q), name
+
+
+def test_warm_start_continues_from_an_export(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    data, tok = setup
+    first = Trainer(_config(data, tok, tmp_path / "a", max_steps=4))
+    first.train()
+    folder = first.export(tmp_path / "model")
+    cfg = _config(data, tok, tmp_path / "b", max_steps=4)
+    cfg.init_from = str(folder)
+    cfg.seed = 11  # another machine, other batches: the weights are what carries over
+    warm = Trainer(cfg)
+    cold = Trainer(replace(cfg, init_from=None, out=str(tmp_path / "c")))
+    for name, p in warm.model.named_parameters():
+        assert torch.equal(p, first.model.state_dict()[name].half().float()), name
+    assert not all(torch.equal(p, q) for p, q in zip(warm.model.parameters(), cold.model.parameters()))
+
+    # the packed int8 form (what travels to a fresh GPU machine) starts from nearly the same weights
+    packed = tmp_path / "warm.pt"
+    torch.save(pack_state(load_warm_state(folder)), packed)
+    assert packed.stat().st_size < 0.7 * sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    from_pack = Trainer(replace(cfg, init_from=str(packed), out=str(tmp_path / "e")))
+    for (name, p), q in zip(warm.model.named_parameters(), from_pack.model.parameters()):
+        assert torch.allclose(p, q, atol=p.abs().max().item() / 200 + 1e-6), name
+
+    other = replace(cfg, size="tiny", out=str(tmp_path / "d"))
+    with pytest.raises(ValueError, match="another architecture"):
+        Trainer(other)

@@ -52,8 +52,10 @@ def augment(audio: torch.Tensor, user: torch.Tensor, cfg: AugmentConfig, g: torc
     x = audio
     mask = user.to(x.dtype)
     # reverb: RIR = direct impulse + decaying noise, energy-normalised; FFT convolution, tail cut
+    # Branches are gated on the configuration, never on the random draws: a host-side `any()` would
+    # synchronise with the GPU every batch and stall the training loop's look-ahead.
     rev = torch.rand(b, generator=g, device=dev) < cfg.p_reverb
-    if bool(rev.any()):
+    if cfg.p_reverb > 0:
         rir_len = int(0.5 * cfg.rate)
         t = torch.arange(rir_len, device=dev).float() / cfg.rate
         rt60 = _uniform(b, *cfg.rt60_s, g, dev)
@@ -66,7 +68,7 @@ def augment(audio: torch.Tensor, user: torch.Tensor, cfg: AugmentConfig, g: torc
         x = torch.where(rev[:, None], wet * mask, x)
     # telephone band: zero the spectrum outside 300-3400 Hz
     tel = torch.rand(b, generator=g, device=dev) < cfg.p_telephone
-    if bool(tel.any()):
+    if cfg.p_telephone > 0:
         spec = torch.fft.rfft(x, dim=-1)
         hz = torch.fft.rfftfreq(n, 1.0 / cfg.rate).to(dev)
         band = ((hz >= 300) & (hz <= 3400)).to(x.dtype)
@@ -81,6 +83,6 @@ def augment(audio: torch.Tensor, user: torch.Tensor, cfg: AugmentConfig, g: torc
     level = torch.where(noisy, speech_rms * 10 ** (-snr / 20), torch.zeros_like(snr))
     floor = torch.rand(b, generator=g, device=dev) < cfg.p_floor
     level = level + floor * 10 ** (_uniform(b, -75.0, -55.0, g, dev) / 20)
-    if bool((level > 0).any()):
+    if cfg.p_noise > 0 or cfg.p_floor > 0:
         x = x + _coloured_noise((b, n), alpha, g) * level[:, None] * mask
     return x.clamp(-1.0, 1.0) * mask

@@ -163,22 +163,27 @@ class StreamBatcher:
         t_max = max(len(it[1]) for it in items)
         dev = self.corpus.device
         b = len(items)
-        audio = torch.zeros(b, t_max * self.spt, device=dev)
-        user = torch.zeros(b, t_max * self.spt, dtype=torch.bool, device=dev)
+        # int16 segment copies (one small kernel each), one conversion for the whole batch
+        audio16 = torch.zeros(b, t_max * self.spt, dtype=torch.int16, device=dev)
+        user_len = torch.zeros(b, 1, dtype=torch.long)
         input_ids = torch.full((b, t_max), cfg.tokens.streaming_pad, dtype=torch.long)
         labels = torch.full((b, t_max), IGNORE, dtype=torch.long)
         left = cfg.streaming.n_left_pad_tokens * self.spt
         for r, (segs, ids, d, n_user) in enumerate(items):
             for shard, src, dst, n in segs:
-                audio[r, left + dst:left + dst + n] = self.corpus.audio[shard][src:src + n].float() / 32768.0
-            user[r, left:left + n_user] = True
+                audio16[r, left + dst:left + dst + n] = self.corpus.audio[shard][src:src + n]
+            user_len[r] = n_user
             t = len(ids)
             input_ids[r, :t] = torch.tensor(ids)
             s = loss_mask_start(cfg, d)
             labels[r, s:t - 1] = input_ids[r, s + 1:t]
+        audio = audio16.float() / 32768.0
+        sample = torch.arange(t_max * self.spt, device=dev)
+        user = (sample >= left) & (sample < left + user_len.to(dev, non_blocking=True))
         g = torch.Generator(device=dev).manual_seed(self.seed * 1_000_003 + index)
         audio = augment(audio, user, bc.augment, g)
         mel = self.mel(audio)
         delays = torch.tensor([it[2] for it in items], dtype=torch.long)
         secs = sum(it[3] for it in items) / self.rate
-        return Batch(input_ids.to(dev), labels.to(dev), mel, delays.to(dev), secs)
+        return Batch(input_ids.to(dev, non_blocking=True), labels.to(dev, non_blocking=True), mel,
+                     delays.to(dev, non_blocking=True), secs)

@@ -95,6 +95,8 @@ def probe_engines() -> dict[str, str]:
 def _synth_process(tasks: list, out_dir: str, workers: int, deadline: float, stats_path: str) -> None:
     from .synth import synthesize
 
+    # below the trainer: its single host thread feeds the GPU and must never wait for a core
+    os.nice(10)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s synth %(message)s")
     stats = synthesize(tasks, Path(out_dir), workers, deadline=deadline)
     Path(stats_path).write_text(json.dumps(stats, indent=2))
@@ -168,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
     tc = TrainConfig(data=str(shards), tokenizer=str(carry / "tok"), out=str(WORK / "run"), size=args.size,
                      device="cuda" if torch.cuda.is_available() else "cpu", seed=args.seed, lr=args.lr,
                      batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds),
-                     ckpt_every_s=args.export_every_s, min_utterances=args.min_utterances)
+                     ckpt_every_s=args.export_every_s, min_utterances=args.min_utterances,
+                     warmup_steps=args.warmup_steps, init_from=args.init_from, profile_at=args.profile_at)
     trainer = Trainer(tc)
     trainer.wait_for_data()
     tc.max_minutes = max(0.5, (train_end - time.time()) / 60)
@@ -260,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--min-utterances", type=int, default=1500)
     r.add_argument("--export-every-s", type=float, default=120.0)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--warmup-steps", type=int, default=300)
+    r.add_argument("--profile-at", type=int, default=60, help="profile 3 steps from this one into run.log")
+    r.add_argument("--init-from", default=None,
+                   help="a model folder (e.g. an earlier run's unpacked $OUT, carried) to continue from")
     u = sub.add_parser("unpack")
     u.add_argument("--files", required=True, help="the folder the run's $OUT files were copied to")
     u.add_argument("--to", required=True)

@@ -66,6 +66,8 @@ class TrainConfig:
     val_batches: int = 4
     refresh_every: int = 25  # steps between scans for new shards
     min_utterances: int = 200  # wait for this much data before the first step
+    init_from: str | None = None  # an exported model folder to start from (a fresh optimizer)
+    profile_at: int | None = None  # profile steps [profile_at, profile_at + 3) into the log
 
 
 def init_weights(model: VoxtralRealtime, std: float = 0.02) -> None:
@@ -96,9 +98,12 @@ def lr_at(tc: TrainConfig, step: int, train_s: float) -> float:
 
 
 def batch_loss(model: VoxtralRealtime, batch: Batch, amp: bool, pad_weight: float = 0.5
-               ) -> tuple[torch.Tensor, dict[str, float]]:
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Cross-entropy over the decided tokens; [STREAMING_PAD] targets count `pad_weight` (they are most
-    of the targets and carry the least information; DSM likewise down-weights its text padding)."""
+    of the targets and carry the least information; DSM likewise down-weights its text padding).
+
+    The accuracies come back as 0-d device tensors (NaN when the batch has no such label): reading
+    them forces a GPU sync, so the loop reads them only on the steps it logs."""
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
         logits = model(batch.input_ids, batch.mel, batch.delay_tokens)
     v = logits.shape[-1]
@@ -107,14 +112,11 @@ def batch_loss(model: VoxtralRealtime, batch: Batch, amp: bool, pad_weight: floa
     w = torch.where(labels == model.config.tokens.streaming_pad, pad_weight, 1.0) * (labels != IGNORE)
     loss = (ce * w).sum() / w.sum().clamp(min=1.0)
     with torch.no_grad():
-        pred = logits.argmax(-1)
+        hit = (logits.argmax(-1) == batch.labels).float()
         lab = batch.labels
-        text = lab >= model.config.tokens.num_control_tokens
-        marker = lab == model.config.tokens.streaming_word
-        stats = {
-            "text_acc": float((pred[text] == lab[text]).float().mean()) if bool(text.any()) else float("nan"),
-            "marker_acc": float((pred[marker] == lab[marker]).float().mean()) if bool(marker.any()) else float("nan"),
-        }
+        text = (lab >= model.config.tokens.num_control_tokens).float()
+        marker = (lab == model.config.tokens.streaming_word).float()
+        stats = {"text_acc": (hit * text).sum() / text.sum(), "marker_acc": (hit * marker).sum() / marker.sum()}
     return loss, stats
 
 
@@ -128,11 +130,17 @@ class Trainer:
         if self.amp:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+            # cuDNN's SDPA builds a new plan for every new (batch, length) shape, and every batch has
+            # new ones: measured on the H200, 10 ms (forward) + 13 ms (backward) of host time per call,
+            # 230 ms per step of a 400 ms step. The flash/memory-efficient kernels need no plans.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         self.tokenizer = load_tokenizer(tc.tokenizer)
         self.cfg: ModelConfig = SIZES[tc.size].config(self.tokenizer.vocab_size - NUM_CONTROL_TOKENS)
         torch.manual_seed(tc.seed)
         self.model = VoxtralRealtime(self.cfg).to(self.device)
         init_weights(self.model)
+        if tc.init_from:
+            self.warm_start(Path(tc.init_from))
         decay = [p for n, p in self.model.named_parameters() if p.ndim >= 2 and "embed" not in n]
         rest = [p for n, p in self.model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
@@ -149,6 +157,19 @@ class Trainer:
         n = sum(p.numel() for p in self.model.parameters())
         logger.info("model %s: %.2fM parameters (%.1f MB in fp16), vocab %d, device %s", tc.size, n / 1e6,
                     n * 2 / 1e6, self.cfg.decoder.vocab_size, self.device)
+
+    def warm_start(self, source: Path) -> None:
+        """Weights from an exported model folder or a packed file (`realtime.train.warm`), e.g. an
+        earlier run on another machine whose optimizer state could not travel; the architecture
+        must be the one of `size`."""
+        from .warm import load_warm_state
+
+        state = load_warm_state(source)
+        try:
+            self.model.load_state_dict({k: v.to(self.device) for k, v in state.items()})
+        except RuntimeError as exc:
+            raise ValueError(f"{source} holds another architecture than size {self.tc.size!r}: {exc}") from exc
+        logger.info("warm start from %s", source)
 
     # -- checkpoints ---------------------------------------------------------------------------
     @property
@@ -221,6 +242,17 @@ class Trainer:
         fig.savefig(self.out / "loss.png", dpi=100)
         plt.close(fig)
 
+    @staticmethod
+    def _log_profile(profiler: torch.profiler.profile) -> None:
+        """Where three steps' time goes, host and device (the loop is host-bound when the device
+        total is well below the wall time)."""
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        profiler.__exit__(None, None, None)
+        ka = profiler.key_averages()
+        for key in ("self_cpu_time_total", "self_device_time_total"):
+            logger.info("profile of 3 steps by %s:\n%s", key, ka.table(sort_by=key, row_limit=25, max_name_column_width=60))
+
     # -- loop ------------------------------------------------------------------------------------
     @torch.no_grad()
     def validate(self) -> tuple[float, float]:
@@ -232,7 +264,7 @@ class Trainer:
         for i in range(self.tc.val_batches):
             loss, st = batch_loss(self.model, vb.batch(i), self.amp, self.tc.pad_weight)
             losses.append(float(loss))
-            accs.append(st["text_acc"])
+            accs.append(float(st["text_acc"]))
         self.model.train()
         return sum(losses) / len(losses), sum(accs) / len(accs)
 
@@ -259,6 +291,10 @@ class Trainer:
         last = tc.max_steps if until_step is None else min(until_step, tc.max_steps)
         while self.step < last and self.train_s < budget_s:
             t0 = time.time()
+            if tc.profile_at is not None and self.step == tc.profile_at:
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
+                                                  + ([torch.profiler.ProfilerActivity.CUDA] if self.amp else []))
+                profiler.__enter__()
             if self.step % tc.refresh_every == 0:
                 self.corpus.refresh()
             batch = self.batcher.batch(self.step)
@@ -272,18 +308,24 @@ class Trainer:
             self.opt.step()
             self.step += 1
             self.audio_seen_s += batch.audio_seconds
+            if tc.profile_at is not None and self.step == tc.profile_at + 3:
+                self._log_profile(profiler)
             if self.step % tc.log_every == 0 or self.step == 1:
-                lv = float(loss.detach())
+                t_wait = time.time()
+                lv = float(loss.detach())  # the only GPU sync of the loop, once per log line
+                # share of the interval the host spent waiting for the GPU: near 0 = input-bound
+                wait = (time.time() - t_wait) / max(1e-9, time.time() - t_log)
+                text_acc, marker_acc = float(st["text_acc"]), float(st["marker_acc"])
                 h = self.history
                 h["step"].append(self.step)
                 h["loss"].append(lv)
-                h["text_acc"].append(st["text_acc"])
+                h["text_acc"].append(text_acc)
                 h["lr"].append(lr)
                 h["audio_h"].append(self.audio_seen_s / 3600)
                 rate = tc.log_every / max(1e-9, time.time() - t_log) if self.step > 1 else 0.0
                 t_log = time.time()
-                line = (f"step {self.step} loss {lv:.4f} text_acc {st['text_acc']:.3f} marker_acc "
-                        f"{st['marker_acc']:.3f} lr {lr:.2e} | {rate:.1f} it/s | data {self.corpus.hours:.2f} h "
+                line = (f"step {self.step} loss {lv:.4f} text_acc {text_acc:.3f} marker_acc "
+                        f"{marker_acc:.3f} lr {lr:.2e} | {rate:.1f} it/s, gpu-wait {wait:.0%} | data {self.corpus.hours:.2f} h "
                         f"({len(self.corpus.by_shard)} shards) seen {self.audio_seen_s / 3600:.1f} h | "
                         f"{self.train_s / 60:.1f} min")
                 print("\r" + line, file=sys.stderr, flush=True, end="\n" if not sys.stderr.isatty() else "")
@@ -321,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=20.0, help="longest stream (user audio)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt if present")
+    ap.add_argument("--init-from", default=None, help="exported model folder to start from (fresh optimizer)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
@@ -328,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     tc = TrainConfig(data=args.data, tokenizer=args.tokenizer, out=args.out, size=args.size, seed=args.seed,
                      max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
-                     warmup_steps=args.warmup_steps,
+                     warmup_steps=args.warmup_steps, init_from=args.init_from,
                      batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds))
     if args.device:
         tc.device = args.device

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call that re-checks the GPU side after CPU-only changes, in order of importance, each
+# part under its own time limit so a slow part never costs the others their results:
+#   1. the GPU tests (kernels, fused ops, engine equality and speculation with CUDA graphs on/off);
+#   2. the speculative benchmark on the embedded default model with its drafter (issue 5);
+#   3. engine B1 + B2 on the full-size random checkpoint (issue 3), built on the spot.
+#   benchmarks/gpu_checks.sh OUT_DIR DRAFTER_DIR AUDIO_DIR [TEST_S SPEC_S ENGINE_S]   (ENGINE_S 0: skip part 3)
+set -u
+out=${1:?out dir}; drafter=${2:?drafter dir}; audio=${3:?audio dir}
+t_tests=${4:-180}; t_spec=${5:-150}; t_engine=${6:-150}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
+timeout "$t_tests" python3 -m pytest -q -m gpu -p no:cacheprovider \
+  tests/test_kernels.py tests/test_fused_ops.py tests/test_engine.py tests/test_speculative.py > "$out/gpu_tests.txt" 2>&1
+echo "gpu tests rc=$?" | tee -a "$out/gpu_tests.txt"
+timeout "$t_spec" python3 benchmarks/bench_speculative.py --target models/default --drafter "$drafter" \
+  --audio "$audio"/* --clip-seconds 45 --flush-clip-seconds 10 --batches 1 16 64 --k 4 \
+  --out "$out/spec.json" > "$out/spec.log" 2>&1
+echo "spec rc=$?" | tee -a "$out/spec.log"
+if [ "$t_engine" -gt 0 ]; then
+  timeout "$t_engine" python3 benchmarks/bench_engine.py --model /tmp/full --counts 1,64,128,256 --skip paced,b3,b4 \
+    --out "$out/engine.json" > "$out/engine.log" 2>&1
+  echo "engine rc=$?" | tee -a "$out/engine.log"
+  tail -8 "$out/engine.log"
+fi
+tail -5 "$out/gpu_tests.txt"; tail -25 "$out/spec.log"
