@@ -20,6 +20,7 @@ from .gather_add import gather_add_embeddings, gather_add_reference
 from .paged_attention import (
     paged_attention,
     paged_attention_reference,
+    paged_attention_runs,
     ring_table_width,
     write_kv,
     write_kv_reference,
@@ -31,6 +32,7 @@ __all__ = [
     "gather_add_reference",
     "paged_attention",
     "paged_attention_reference",
+    "paged_attention_runs",
     "ring_table_width",
     "write_kv",
     "write_kv_reference",

@@ -11,8 +11,9 @@ A query at position p attends to the keys at positions k with `max(0, p - window
 Rows with `q_pos < 0` are padding and produce 0. Positions outside a query's window are never
 read, so the engine may recycle their blocks: see `ring_table_width` for how wide a ring must be.
 
-The torch references define the semantics and are the CPU implementation; the Triton kernels
-(`_paged_attention_triton.py`) are the CUDA one and are CUDA-graph capturable.
+`paged_attention_reference` defines the semantics (one gather per query, the straightforward way);
+`paged_attention_runs` is the CPU implementation (one gather per run of queries, like the kernel);
+the Triton kernels (`_paged_attention_triton.py`) are the CUDA one and are CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -124,11 +125,21 @@ def _check_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
 
 
+def _output_and_max_position(q: torch.Tensor, q_pos: torch.Tensor, out: torch.Tensor | None
+                             ) -> tuple[torch.Tensor, int]:
+    """The output tensor and the largest query position (a host sync); all padding: zeroed output, -1."""
+    result = torch.zeros_like(q) if out is None else out
+    max_pos = int(q_pos.max()) if q.shape[0] else -1
+    if max_pos < 0:
+        result.zero_()
+    return result, max_pos
+
+
 def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor,
                               window: int | None, scale: float, out: torch.Tensor | None = None, *,
                               chunk_elems: int = 1 << 25) -> torch.Tensor:
-    """Definition of `paged_attention` in plain torch (also the CPU implementation).
+    """Definition of `paged_attention` in plain torch (tests hold the other implementations to it).
 
     For each query token it gathers the keys at positions p, p-1, ..., p-L+1 through the ring
     table (L = min(window, max position + 1)), masks positions < 0, and takes a softmax in fp32
@@ -137,15 +148,13 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     is not for CUDA-graph capture.
     """
     _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
+    result, max_pos = _output_and_max_position(q, q_pos, out)
+    if max_pos < 0:
+        return result
     t, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     group = hq // hkv
     compute = torch.promote_types(q.dtype, torch.float32)
-    result = torch.zeros(t, hq, d, dtype=q.dtype, device=q.device) if out is None else out
-    max_pos = int(q_pos.max()) if t else -1
-    if max_pos < 0:
-        result.zero_()
-        return result
     span = max_pos + 1 if not window else min(window, max_pos + 1)
     width = block_tables.shape[1]
     offsets = torch.arange(span, device=q.device)
@@ -174,6 +183,81 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     return result
 
 
+def paged_attention_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                         seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None, scale: float,
+                         out: torch.Tensor | None = None, *, tokens_per_run: int = 1) -> torch.Tensor:
+    """`paged_attention` in torch, reading each key once per run of queries: the CPU implementation.
+
+    The reference gathers a window of keys for every query token. Here the queries are taken in
+    runs of `tokens_per_run` rows of one sequence (the encoder's 4 frames of a token, a verify
+    step's k+1 drafts), as the Triton kernel takes them: one gather of the keys from the run's
+    newest position back over the window plus the run, then each row masks its own range. Same
+    contract as the kernel: rows of a run whose seq id is below the run's largest one come out NaN.
+    Never-read slots may hold anything: gathered keys outside the valid range are replaced, not
+    multiplied, so NaN/inf there never leaks in.
+    """
+    _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
+    if tokens_per_run < 1:
+        raise ValueError(f"tokens_per_run must be >= 1, got {tokens_per_run}")
+    result, max_pos = _output_and_max_position(q, q_pos, out)
+    if max_pos < 0:
+        return result
+    t, hq, d = q.shape
+    _, block_size, hkv, _ = k_cache.shape
+    group, r = hq // hkv, tokens_per_run
+    compute = torch.promote_types(q.dtype, torch.float32)
+    n_runs = -(-t // r)
+    pad = n_runs * r - t
+    pos = q_pos.long()
+    seq = seq_ids.long()
+    if pad:
+        pos = torch.cat([pos, pos.new_full((pad,), -1)])
+        seq = torch.cat([seq, seq.new_zeros(pad)])
+    pos, seq = pos.view(n_runs, r), seq.view(n_runs, r)
+    is_query = pos >= 0
+    run_seq = torch.where(is_query, seq, -1).amax(dim=1).clamp(min=0)  # [n_runs]
+    own = is_query & (seq == run_seq[:, None])  # rows of another sequence are flagged below
+    run_top = torch.where(own, pos, -1).amax(dim=1)  # newest position of each run (-1: all padding)
+    # keys from the newest position of a run back over its oldest query's window
+    full = max_pos + 1
+    if window:
+        run_low = torch.where(own, pos, max_pos).amin(dim=1)
+        spread = int((run_top - run_low).clamp(min=0).max())
+        span = min(full, window + spread)
+    else:
+        span = full
+    key_pos = run_top[:, None] - torch.arange(span, device=q.device)[None, :]  # [n_runs, L]
+    key_ok = key_pos >= 0
+    if window:  # the span fits the widest run; a narrower run must not touch keys below its window
+        key_ok &= key_pos > (run_low - window)[:, None]
+    key_pos = key_pos.clamp(min=0)
+    width = block_tables.shape[1]
+    phys = block_tables[run_seq[:, None], (key_pos // block_size) % width].long()
+    off = key_pos % block_size
+    drop = ~key_ok[:, :, None, None]
+    # the gathers are fresh tensors: clear unreadable slots in place (NaN there must never leak in)
+    keys = k_cache[phys, off].to(compute).masked_fill_(drop, 0.0)  # [n_runs, L, Hkv, D]
+    vals = v_cache[phys, off].to(compute).masked_fill_(drop, 0.0)
+    qf = q.to(compute)
+    if pad:
+        qf = torch.cat([qf, qf.new_zeros(pad, hq, d)])
+    qr = qf.view(n_runs, r, hkv, group, d)
+    scores = torch.einsum("nrhgd,nlhd->nhgrl", qr, keys) * scale  # [n_runs, Hkv, group, r, L]
+    rel = pos[:, :, None] - key_pos[:, None, :]  # [n_runs, r, L]: query position - key position
+    allowed = (rel >= 0) & key_ok[:, None, :] & is_query[:, :, None]
+    if window:
+        allowed &= rel < window
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    o = torch.einsum("nhgrl,nlhd->nrhgd", probs, vals).reshape(n_runs * r, hq, d)[:t]
+    o = torch.where(is_query.reshape(-1)[:t, None, None], o, 0.0)  # padding rows: 0 (their softmax is NaN)
+    # the contract of a run: its rows belong to its (largest) sequence; others are flagged, not hidden
+    broken = (is_query & (seq != run_seq[:, None])).reshape(-1)[:t]
+    o = torch.where(broken[:, None, None], float("nan"), o)
+    result.copy_(o.to(q.dtype))
+    return result
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None, scale: float,
                     out: torch.Tensor | None = None, *, tokens_per_run: int = 1, num_splits: int | None = None,
@@ -197,8 +281,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
     if tokens_per_run < 1:
         raise ValueError(f"tokens_per_run must be >= 1, got {tokens_per_run}")
-    if not use_triton(backend, q.device):
+    if backend == "reference":
         return paged_attention_reference(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, scale, out)
+    if not use_triton(backend, q.device):
+        return paged_attention_runs(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, scale, out,
+                                    tokens_per_run=tokens_per_run)
     from ._paged_attention_triton import launch_paged_attention
 
     if out is None:

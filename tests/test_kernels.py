@@ -26,6 +26,7 @@ from kernels import (
     gather_add_reference,
     paged_attention,
     paged_attention_reference,
+    paged_attention_runs,
     ring_table_width,
     write_kv,
     write_kv_reference,
@@ -281,6 +282,50 @@ def test_paged_attention_reference_matches_dense(name: str, dtype: torch.dtype) 
     assert torch.isfinite(out).all(), "unwritten or poisoned output"
     assert_attention_close(out, expected, rel={torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype])
     assert (out[case["q_pos"] < 0] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("run_len", [None, 1, 4, 5])
+@pytest.mark.parametrize("name", list(PAGED_CASES))
+def test_paged_attention_runs_matches_dense(name: str, run_len: int | None, dtype: torch.dtype) -> None:
+    """The CPU implementation (one key gather per run of queries) against the definition, with every
+    slot no query may read poisoned with NaN, padding rows and all-padding runs."""
+    case = make_paged_case(list(PAGED_CASES).index(name) + 100, dtype=dtype, run_len=run_len, **PAGED_CASES[name])
+    out = torch.full_like(case["q"], float("nan"))
+    ret = paged_attention_runs(*attention_args(case), out=out, tokens_per_run=run_len or 1)
+    assert ret is out
+    assert torch.isfinite(out).all(), "a poisoned slot leaked in, or a row was left unwritten"
+    assert_attention_close(out, dense_attention(case),
+                           rel={torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype])
+    assert (out[case["q_pos"] < 0] == 0).all()
+    assert torch.equal(paged_attention(*attention_args(case), tokens_per_run=run_len or 1), out), \
+        "the CPU dispatch is this implementation"
+
+
+def test_paged_attention_runs_flags_a_run_that_mixes_sequences() -> None:
+    """Same contract as the Triton kernel: rows of a run not of its (largest) sequence come out NaN."""
+    case = make_paged_case(3, dtype=torch.float32, **PAGED_CASES["encoder_like"])
+    out = paged_attention_runs(*attention_args(case), tokens_per_run=len(case["q_pos"]))
+    expected = paged_attention_reference(*attention_args(case))
+    is_query = case["q_pos"] >= 0
+    kept = is_query & (case["seq_ids"] == case["seq_ids"][is_query].max())
+    assert out[is_query & ~kept].isnan().all() and (is_query & ~kept).any()
+    torch.testing.assert_close(out[kept], expected[kept], atol=1e-5, rtol=1e-5)
+    assert (out[~is_query] == 0).all()
+
+
+def test_paged_attention_runs_propagates_nan_queries() -> None:
+    """A stream that sent NaN gets NaN (the engine detects and fails it); other rows stay exact."""
+    case = make_paged_case(5, dtype=torch.float32, run_len=4, **PAGED_CASES["encoder_like"])
+    q = case["q"].clone()
+    bad = (case["q_pos"] >= 0) & (case["seq_ids"] == 1)
+    q[bad] = float("nan")
+    args = list(attention_args(case))
+    args[0] = q
+    out = paged_attention_runs(*args, tokens_per_run=4)
+    assert out[bad].isnan().all()
+    assert torch.isfinite(out[~bad]).all()
+    torch.testing.assert_close(out[~bad], paged_attention_reference(*args)[~bad], atol=1e-5, rtol=1e-5)
 
 
 def test_paged_attention_reference_chunks_and_dispatch_agree() -> None:

@@ -498,3 +498,22 @@ def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows):
         assert run.stats.spec_drafted > 0
     assert outs[True] == outs[False]
     assert outs[False] == [transcribe(model, tok, c).token_ids for c in clips]
+
+
+def test_shipped_drafter_speculates_losslessly_on_the_shipped_model():
+    """models/default_drafter was distilled from models/default: it loads against it, gets drafts
+    accepted on held-out-style speech, and changes no token."""
+    from pathlib import Path
+
+    from realtime.audio import load_audio_file
+    from realtime.model_store import load_model_and_tokenizer
+
+    root = Path(__file__).resolve().parent.parent
+    model, tok = load_model_and_tokenizer("default")
+    drafter = load_drafter(root / "models" / "default_drafter",
+                           target_embedding=model.language_model.embed_tokens.weight)
+    clip = load_audio_file(root / "demo" / "samples" / "sample_en.wav")[: 16000 * 4]
+    base = transcribe_batch(model, tok, [clip], delay_ms=480)
+    spec = transcribe_batch(model, tok, [clip], delay_ms=480, speculative=SpeculativeConfig(drafter, 4))
+    assert spec.results[0].token_ids == base.results[0].token_ids
+    assert spec.stats.spec_accepted > 0 and spec.steps < base.steps

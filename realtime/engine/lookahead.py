@@ -88,7 +88,9 @@ class LookaheadEncoder:
         r.conv1_state.index_copy_(0, slots, s1)
         r.conv2_state.index_copy_(0, slots, s2)
         pos = m["pos"][:rows]
-        backend = PagedAttention(r.enc_cache, m["slot_mapping"][:rows], m["tables"], self.seq[n][:rows], pos)
+        # each audio token's 4 frames are consecutive rows of one stream: one key read per 4 queries
+        backend = PagedAttention(r.enc_cache, m["slot_mapping"][:rows], m["tables"], self.seq[n][:rows], pos,
+                                 tokens_per_run=self.fpt)
         hidden = r.model.audio_tower(frames.reshape(1, rows, -1), pos[None], backend)
         # the adapter stacks 4 consecutive frames: each stream's 4n frames are contiguous and aligned
         r.audio_cache.index_copy_(0, m["rows"][: b * n], r.model.multi_modal_projector(hidden)[0])
