@@ -5,6 +5,14 @@
 #   2. the speculative benchmark on the embedded default model with its drafter (issue 5);
 #   3. engine B1 + B2 on the full-size random checkpoint (issue 3), built on the spot.
 #   benchmarks/gpu_checks.sh OUT_DIR DRAFTER_DIR AUDIO_DIR [TEST_S SPEC_S ENGINE_S]   (ENGINE_S 0: skip part 3)
+# The GPU machine lacks soundfile (+cffi, pycparser) and mistral-common (its data file holds the 131k
+# vocabulary of the full-size checkpoint; the tests fall back to tokenizer.json without its other
+# dependencies). Bring them as wheels, kept small so the 39 MB default model fits beside them in a call:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl_gpu soundfile cffi pycparser mistral-common==1.13.1
+# and start the device command with
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl_gpu/*.whl && export PYTHONPATH=/tmp/site:$PWD
 set -u
 out=${1:?out dir}; drafter=${2:?drafter dir}; audio=${3:?audio dir}
 t_tests=${4:-180}; t_spec=${5:-150}; t_engine=${6:-150}
