@@ -218,26 +218,22 @@ def paged_attention_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     run_seq = torch.where(is_query, seq, -1).amax(dim=1).clamp(min=0)  # [n_runs]
     own = is_query & (seq == run_seq[:, None])  # rows of another sequence are flagged below
     run_top = torch.where(own, pos, -1).amax(dim=1)  # newest position of each run (-1: all padding)
-    # keys from the newest position of a run back over its oldest query's window
-    full = max_pos + 1
-    if window:
-        run_low = torch.where(own, pos, max_pos).amin(dim=1)
-        spread = int((run_top - run_low).clamp(min=0).max())
-        span = min(full, window + spread)
-    else:
-        span = full
-    key_pos = run_top[:, None] - torch.arange(span, device=q.device)[None, :]  # [n_runs, L]
-    key_ok = key_pos >= 0
-    if window:  # the span fits the widest run; a narrower run must not touch keys below its window
-        key_ok &= key_pos > (run_low - window)[:, None]
-    key_pos = key_pos.clamp(min=0)
+    # keys from the run's oldest query's window start to its newest position, read as whole blocks
+    # (block copies, not a per-position gather): logical blocks b0 .. b0 + nb - 1 of the run's ring
+    run_low = torch.where(own, pos, max_pos).amin(dim=1)
+    key_lo = (run_low - window + 1).clamp(min=0) if window else torch.zeros_like(run_low)
+    key_lo = torch.where(run_top >= 0, key_lo, 0)
+    b0 = key_lo // block_size
+    nb = int((run_top.clamp(min=0) // block_size - b0).max()) + 1
     width = block_tables.shape[1]
-    phys = block_tables[run_seq[:, None], (key_pos // block_size) % width].long()
-    off = key_pos % block_size
+    logical = b0[:, None] + torch.arange(nb, device=q.device)[None, :]  # [n_runs, nb]
+    phys = block_tables[run_seq[:, None], logical % width].long()
+    key_pos = (b0 * block_size)[:, None] + torch.arange(nb * block_size, device=q.device)[None, :]  # [n_runs, L]
+    key_ok = (key_pos >= key_lo[:, None]) & (key_pos <= run_top[:, None])
     drop = ~key_ok[:, :, None, None]
-    # the gathers are fresh tensors: clear unreadable slots in place (NaN there must never leak in)
-    keys = k_cache[phys, off].to(compute).masked_fill_(drop, 0.0)  # [n_runs, L, Hkv, D]
-    vals = v_cache[phys, off].to(compute).masked_fill_(drop, 0.0)
+    # fresh copies: clear the slots outside the run's range in place (NaN there must never leak in)
+    keys = k_cache[phys].to(compute).view(n_runs, nb * block_size, hkv, d).masked_fill_(drop, 0.0)
+    vals = v_cache[phys].to(compute).view(n_runs, nb * block_size, hkv, d).masked_fill_(drop, 0.0)
     qf = q.to(compute)
     if pad:
         qf = torch.cat([qf, qf.new_zeros(pad, hq, d)])
