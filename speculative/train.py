@@ -136,7 +136,6 @@ def label_audio(model: VoxtralRealtime, audios: Sequence[np.ndarray], delays_ms:
     """Greedy transcripts of every clip at every delay, then teacher-forced features."""
     from realtime.engine.model_runner import RunnerOptions
     from realtime.engine.offline import transcribe_batch
-    from realtime.session import transcribe
 
     cfg = model.config
     seqs: list[TeacherSequence] = []
@@ -144,15 +143,10 @@ def label_audio(model: VoxtralRealtime, audios: Sequence[np.ndarray], delays_ms:
     for delay_ms in delays_ms:
         d = cfg.delay_tokens(delay_ms)
         prompt = cfg.prompt_ids(d)
-        if model.device.type == "cuda":
-            n = max(1, min(batch, len(audios)))
-            opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=True)
-            greedy = [r.token_ids for r in
-                      transcribe_batch(model, _NullTokenizer(), audios, delay_ms=delay_ms, opts=opts).results]
-        else:
-            # on the CPU the single-stream session (dense sliding-window caches) is several times
-            # faster than the engine's paged reference attention; the tokens are the same (tested)
-            greedy = [transcribe(model, _NullTokenizer(), a, delay_ms=delay_ms).token_ids for a in audios]
+        n = max(1, min(batch, len(audios)))
+        opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=model.device.type == "cuda")
+        greedy = [r.token_ids for r in
+                  transcribe_batch(model, _NullTokenizer(), audios, delay_ms=delay_ms, opts=opts).results]
         for a, ids in zip(audios, greedy):
             tokens = prompt + ids
             aud, hid = teacher_forced(model, a, tokens, d)
