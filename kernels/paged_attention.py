@@ -277,8 +277,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
     if tokens_per_run < 1:
         raise ValueError(f"tokens_per_run must be >= 1, got {tokens_per_run}")
-    if backend == "reference":
-        return paged_attention_reference(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, scale, out)
     if not use_triton(backend, q.device):
         return paged_attention_runs(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, scale, out,
                                     tokens_per_run=tokens_per_run)

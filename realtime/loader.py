@@ -197,6 +197,17 @@ class LoadReport:
     files: list[str]
 
 
+def describe_misfit(problems: dict[str, list[str]]) -> str:
+    """One line naming what keeps a checkpoint from its model ({"missing tensors": [...], ...}), at
+    most 20 entries per kind; '' when every list is empty. The strict loaders raise with it."""
+    parts = []
+    for kind, items in problems.items():
+        if items:
+            more = " ..." if len(items) > 20 else ""
+            parts.append(f"{kind} ({len(items)}): {'; '.join(items[:20])}{more}")
+    return " | ".join(parts)
+
+
 def load_model(model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                config: ModelConfig | None = None) -> tuple[VoxtralRealtime, LoadReport]:
     d = Path(model_dir)
@@ -241,15 +252,10 @@ def load_model(model_dir: str | Path, *, device: str | torch.device = "cpu", dty
         f"{mapping[c]}: checkpoint {list(sources[mapping[c]].shape)} vs model {list(expected[c])}"
         for c in sorted(mapping) if sources[mapping[c]].shape != expected[c]
     ]
-    if missing or unexpected or mismatched:
-        parts = []
-        if missing:
-            parts.append(f"missing tensors ({len(missing)}): {', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}")
-        if unexpected:
-            parts.append(f"unexpected tensors ({len(unexpected)}): {', '.join(unexpected[:20])}{' ...' if len(unexpected) > 20 else ''}")
-        if mismatched:
-            parts.append(f"shape mismatches ({len(mismatched)}): {'; '.join(mismatched[:20])}")
-        raise CheckpointError(f"checkpoint in {d} does not fit its config: " + " | ".join(parts))
+    problems = describe_misfit({"missing tensors": missing, "unexpected tensors": unexpected,
+                                "shape mismatches": mismatched})
+    if problems:
+        raise CheckpointError(f"checkpoint in {d} does not fit its config: {problems}")
 
     # dtype first (free on meta), then one allocation on the target device
     model = model.to(dtype).to_empty(device=device)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from realtime.config import DecoderConfig, ModelConfig
-from realtime.loader import CheckpointError
+from realtime.loader import CheckpointError, describe_misfit
 from realtime.model import (
     AttentionBackend,
     DecoderLayer,
@@ -254,17 +254,10 @@ def load_drafter(path: str | Path, *, target_embedding: torch.Tensor | None = No
     mismatched = [f"{k}: checkpoint {list(tensors[k].shape)} vs model {list(expected[k])}"
                   for k in sorted(set(expected) & set(tensors)) if tuple(tensors[k].shape) != expected[k]]
     bad = [k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
-    if missing or unexpected or mismatched or bad:
-        parts = []
-        if missing:
-            parts.append(f"missing tensors: {', '.join(missing)}")
-        if unexpected:
-            parts.append(f"unexpected tensors: {', '.join(unexpected)}")
-        if mismatched:
-            parts.append(f"shape mismatches: {'; '.join(mismatched)}")
-        if bad:
-            parts.append(f"NaN/inf in: {', '.join(bad)}")
-        raise CheckpointError(f"drafter in {d} does not fit its config: " + " | ".join(parts))
+    problems = describe_misfit({"missing tensors": missing, "unexpected tensors": unexpected,
+                                "shape mismatches": mismatched, "NaN/inf in": bad})
+    if problems:
+        raise CheckpointError(f"drafter in {d} does not fit its config: {problems}")
     model.load_state_dict(tensors, strict=True)
     model = model.to(device=device, dtype=dtype).eval()
     if target_embedding is not None:

@@ -145,10 +145,9 @@ def label_audio(model: VoxtralRealtime, audios: Sequence[np.ndarray], delays_ms:
         prompt = cfg.prompt_ids(d)
         n = max(1, min(batch, len(audios)))
         opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=model.device.type == "cuda")
-        greedy = [r.token_ids for r in
-                  transcribe_batch(model, _NullTokenizer(), audios, delay_ms=delay_ms, opts=opts).results]
-        for a, ids in zip(audios, greedy):
-            tokens = prompt + ids
+        run = transcribe_batch(model, _NullTokenizer(), audios, delay_ms=delay_ms, opts=opts)
+        for a, res in zip(audios, run.results):
+            tokens = prompt + res.token_ids
             aud, hid = teacher_forced(model, a, tokens, d)
             pred = model.logits(hid[len(prompt) - 1:]).argmax(-1).cpu()
             agree += int((pred == torch.tensor(tokens[len(prompt):])).sum())

@@ -124,6 +124,21 @@ async def serve_until_signal(settings: ServerSettings, engine) -> None:
         await server.stop()
 
 
+def configure_threads(device: str, threads: int | None) -> int:
+    """Set torch's intra-op threads: `threads`, or 1 when serving on the CPU. Returns the count.
+
+    One engine step multiplies small matrices (a few rows per stream): extra intra-op threads mostly
+    spin. Measured with the default model, 4 streams on the 2-core box: 0.154 CPU-s per stream-second
+    with 1 thread, 0.259 with 2 (benchmarks/bench_cpu_engine.py); one thread also leaves a core to the
+    network side."""
+    import torch
+
+    wanted = threads or (1 if device == "cpu" else None)
+    if wanted:
+        torch.set_num_threads(wanted)
+    return torch.get_num_threads()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -133,12 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    threads = args.threads or (1 if device == "cpu" else None)
-    if threads:
-        # One engine step multiplies small matrices (a few rows per stream): extra intra-op threads
-        # mostly spin. Measured with the default model, 4 streams on the 2-core box: 0.19 CPU-s per
-        # stream-second with 1 thread, 0.31 with 2; one thread also leaves a core to the network side.
-        torch.set_num_threads(threads)
+    configure_threads(device, args.threads)
     engine = build_engine(args.engine, args.model, model_name=settings.served_model_names[0], device=device,
                           dtype=args.dtype, max_streams=2 * settings.max_sessions, cuda_graphs=not args.no_cuda_graphs,
                           max_session_seconds=args.max_session_seconds or None, drafter=args.drafter,

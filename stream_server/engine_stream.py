@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -60,6 +61,15 @@ class StreamOutcome:
         if len(self.words) <= MAX_FINAL_WORDS:
             return self.words, False
         return self.tail_words, True
+
+    def final_fields(self) -> dict[str, Any]:
+        """Our extensions of both dialects' final event: markers, audio span, words."""
+        words, truncated = self.final_words()
+        fields: dict[str, Any] = {"is_final": True, "audio_start_ms": self.audio_start_ms,
+                                  "audio_end_ms": self.audio_end_ms, "words": [w.to_json() for w in words]}
+        if truncated:
+            fields["words_truncated"] = True
+        return fields
 
 
 @dataclass

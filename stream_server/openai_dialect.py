@@ -433,8 +433,7 @@ class OpenAIDialect:
                                                       "message": f"Transcription failed: {out.error}",
                                                       "param": None}})
             return
-        words, truncated = out.final_words()
-        completed: dict[str, Any] = {
+        self._send({
             "type": "conversation.item.input_audio_transcription.completed",
             "item_id": item_id,
             "content_index": 0,
@@ -442,13 +441,7 @@ class OpenAIDialect:
             "usage": {"type": "tokens", "input_tokens": out.prompt_tokens, "output_tokens": out.completion_tokens,
                       "total_tokens": out.prompt_tokens + out.completion_tokens},
             "logprobs": None,
-            "is_final": True,
-            "audio_start_ms": out.audio_start_ms,
-            "audio_end_ms": out.audio_end_ms,
-            "words": [w.to_json() for w in words],
-        }
-        if truncated:
-            completed["words_truncated"] = True
-        self._send(completed)
+            **out.final_fields(),
+        })
         self._send({"type": "conversation.item.done", "previous_item_id": item.previous_item_id,
                     "item": self._item_json(item, out.text)})

@@ -212,17 +212,10 @@ class VllmDialect:
         if out.error is not None:
             self.conn.send_error(ProtocolError("processing_error", f"Transcription failed: {out.error}"))
             return
-        words, truncated = out.final_words()
-        done: dict[str, Any] = {
+        self.conn.send({
             "type": "transcription.done",
             "text": out.text,
             "usage": {"prompt_tokens": out.prompt_tokens, "total_tokens": out.prompt_tokens + out.completion_tokens,
                       "completion_tokens": out.completion_tokens, "prompt_tokens_details": None},
-            "is_final": True,
-            "audio_start_ms": out.audio_start_ms,
-            "audio_end_ms": out.audio_end_ms,
-            "words": [w.to_json() for w in words],
-        }
-        if truncated:
-            done["words_truncated"] = True
-        self.conn.send(done)
+            **out.final_fields(),
+        })

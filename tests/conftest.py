@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +52,25 @@ def synthetic_audio(seconds: float, seed: int = 0, rate: int = 16000) -> np.ndar
             out[seg] = rng.standard_normal(seg.stop - seg.start) * rng.uniform(0.01, 0.2)
         pos += dur
     return out.astype(np.float32)
+
+
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """One torch intra-op thread for a while: tiny matrices run fastest on one, and a second thread
+    only spins on an oversubscribed CI machine (10x slower measured on a loaded 2-core box)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Use with `pytestmark = pytest.mark.usefixtures("one_thread")` in modules of tiny models."""
+    with single_thread():
+        yield
 
 
 @pytest.fixture(scope="session")

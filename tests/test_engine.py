@@ -188,3 +188,26 @@ def test_bad_or_silent_streams_do_not_hurt_others(tiny_ckpt):
         assert rec.done(silent) is None and rec.done(nan) is None  # still open, never stalled the good one
     finally:
         eng.stop()
+
+
+def test_encoder_step_reads_keys_once_per_token(tiny_ckpt, monkeypatch):
+    """The encoder step's queries come as runs of an audio token's 4 frames (one key read per run);
+    the LM step's as single tokens. A run length of 1 would still be correct, only 4x the reads."""
+    import realtime.engine.attention as engine_attention
+    from realtime.engine.offline import run_engine_offline
+
+    seen: list[tuple[int, int]] = []  # (cache id, tokens_per_run)
+    init = engine_attention.PagedAttention.__init__
+
+    def spy(self, cache, *args, tokens_per_run: int = 1, **kwargs):
+        seen.append((id(cache), tokens_per_run))
+        init(self, cache, *args, tokens_per_run=tokens_per_run, **kwargs)
+
+    monkeypatch.setattr(engine_attention.PagedAttention, "__init__", spy)
+    path = tiny_ckpt(seed=2)
+    model, _ = load_model(path)
+    eng = BatchedEngine(model, load_tokenizer(path), opts=RunnerOptions(max_streams=2, max_batch=2))
+    run_engine_offline(eng, [synthetic_audio(1.0, seed=1), synthetic_audio(1.3, seed=2)])
+    enc, lm = id(eng.runner.enc_cache), id(eng.runner.lm_cache)
+    assert {r for c, r in seen if c == enc} == {model.config.streaming.downsample_factor}
+    assert {r for c, r in seen if c == lm} == {1}

@@ -225,3 +225,34 @@ def test_final_words_are_bounded():
     assert StreamOutcome("", 0, 0, few, few[-1:], 0, 0, 0.0).final_words() == (few, False)
     many = [Word("w", i, i + 1) for i in range(MAX_FINAL_WORDS + 1)]
     assert StreamOutcome("", 0, 0, many, many[-2:], 0, 0, 0.0).final_words() == (many[-2:], True)
+
+
+def test_cpu_serving_uses_one_thread_unless_told():
+    import torch
+
+    from stream_server.app import build_parser, configure_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert configure_threads("cpu", None) == 1
+        assert configure_threads("cpu", 2) == 2
+        torch.set_num_threads(2)
+        assert configure_threads("cuda", None) == 2  # left as torch has it
+        assert build_parser().parse_args(["--threads", "3"]).threads == 3
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--threads", "0"])
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_final_fields_are_the_same_extensions_in_both_dialects():
+    from stream_server.engine_stream import MAX_FINAL_WORDS, StreamOutcome
+
+    few = [Word("a", 0, 80), Word("b", 80, 160)]
+    out = StreamOutcome("a b", 3, 4, few, few[-1:], 40, 200, 0.0)
+    assert out.final_fields() == {"is_final": True, "audio_start_ms": 40, "audio_end_ms": 200,
+                                  "words": [w.to_json() for w in few]}
+    many = [Word("w", i, i + 1) for i in range(MAX_FINAL_WORDS + 1)]
+    long = StreamOutcome("", 0, 0, many, many[-2:], 0, 0, 0.0).final_fields()
+    assert long["words_truncated"] is True and len(long["words"]) == 2

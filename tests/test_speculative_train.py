@@ -13,13 +13,7 @@ from realtime.loader import load_model
 from speculative import EagleDrafter, load_drafter
 from speculative.train import STATE_FILE, TEACHER_FILE, TrainConfig, main, train_drafter
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_cli_trains_resumes_and_the_drafter_is_accepted(tiny_ckpt, tmp_path, caplog):

@@ -36,13 +36,7 @@ def _shard(seed: int, split: str, n: int = 12) -> Shard:
     return shard
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny matrices: a second intra-op thread only spins (10x slower on a loaded 2-core machine)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +120,17 @@ def test_warm_start_continues_from_an_export(setup: tuple[Path, Path], tmp_path:
     other = replace(cfg, size="tiny", out=str(tmp_path / "d"))
     with pytest.raises(ValueError, match="another architecture"):
         Trainer(other)
+
+
+@pytest.mark.parametrize("profile_at, steps", [(1, 6), (4, 5)])
+def test_profile_of_training_steps_is_logged(setup: tuple[Path, Path], tmp_path: Path, caplog,
+                                             profile_at: int, steps: int) -> None:
+    """Host and device time per op land in the log, also when the budget ends inside the profiled
+    steps (the second case: profiling starts at step 4 of 5)."""
+    data, tok = setup
+    cfg = _config(data, tok, tmp_path / "run", max_steps=steps)
+    cfg.profile_at = profile_at
+    with caplog.at_level("INFO", logger="realtime.train.train"):
+        Trainer(cfg).train()
+    tables = [r.getMessage() for r in caplog.records if "profile of the training steps" in r.getMessage()]
+    assert len(tables) == 2 and all("aten::" in t for t in tables), tables

@@ -66,7 +66,7 @@ class TrainConfig:
     val_batches: int = 4
     refresh_every: int = 25  # steps between scans for new shards
     min_utterances: int = 200  # wait for this much data before the first step
-    init_from: str | None = None  # an exported model folder to start from (a fresh optimizer)
+    init_from: str | None = None  # exported model folder or packed file (train.warm) to start from
     profile_at: int | None = None  # profile steps [profile_at, profile_at + 3) into the log
 
 
@@ -244,14 +244,15 @@ class Trainer:
 
     @staticmethod
     def _log_profile(profiler: torch.profiler.profile) -> None:
-        """Where three steps' time goes, host and device (the loop is host-bound when the device
-        total is well below the wall time)."""
+        """Where the profiled steps' time goes, host and device (the loop is host-bound when the
+        device total is well below the host total)."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         profiler.__exit__(None, None, None)
         ka = profiler.key_averages()
         for key in ("self_cpu_time_total", "self_device_time_total"):
-            logger.info("profile of 3 steps by %s:\n%s", key, ka.table(sort_by=key, row_limit=25, max_name_column_width=60))
+            logger.info("profile of the training steps by %s:\n%s", key,
+                        ka.table(sort_by=key, row_limit=25, max_name_column_width=60))
 
     # -- loop ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -287,6 +288,7 @@ class Trainer:
         self.wait_for_data()
         self.model.train()
         last_ckpt_t, t_log = time.time(), time.time()
+        profiler: torch.profiler.profile | None = None
         budget_s = tc.max_minutes * 60 if tc.max_minutes else math.inf
         last = tc.max_steps if until_step is None else min(until_step, tc.max_steps)
         while self.step < last and self.train_s < budget_s:
@@ -294,7 +296,7 @@ class Trainer:
             if tc.profile_at is not None and self.step == tc.profile_at:
                 profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
                                                   + ([torch.profiler.ProfilerActivity.CUDA] if self.amp else []))
-                profiler.__enter__()
+                profiler.__enter__()  # spans several iterations, so no `with`
             if self.step % tc.refresh_every == 0:
                 self.corpus.refresh()
             batch = self.batcher.batch(self.step)
@@ -308,8 +310,9 @@ class Trainer:
             self.opt.step()
             self.step += 1
             self.audio_seen_s += batch.audio_seconds
-            if tc.profile_at is not None and self.step == tc.profile_at + 3:
+            if profiler is not None and self.step == tc.profile_at + 3:
                 self._log_profile(profiler)
+                profiler = None
             if self.step % tc.log_every == 0 or self.step == 1:
                 t_wait = time.time()
                 lv = float(loss.detach())  # the only GPU sync of the loop, once per log line
@@ -343,6 +346,8 @@ class Trainer:
                 if on_checkpoint is not None:
                     on_checkpoint(self)
                 last_ckpt_t = time.time()
+        if profiler is not None:  # the budget ended inside the profiled steps
+            self._log_profile(profiler)
         if sys.stderr.isatty():
             print(file=sys.stderr)
         self.save_checkpoint()
@@ -363,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=20.0, help="longest stream (user audio)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt if present")
-    ap.add_argument("--init-from", default=None, help="exported model folder to start from (fresh optimizer)")
+    ap.add_argument("--init-from", default=None,
+                    help="exported model folder or packed file (realtime.train.warm) to start from (fresh optimizer)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
