@@ -15,7 +15,8 @@ from realtime.loader import load_model
 from realtime.session import transcribe
 from realtime.tokenizer import load_tokenizer
 from realtime.tokenizer_build import shipped_tekken_ranks, write_tokenizer_json
-from realtime.train.data import BatchConfig
+from realtime.train.data import BatchConfig, Corpus
+from realtime.train.distributed import train_data_parallel, weight_checksum
 from realtime.train.synth import Shard, Utterance
 from realtime.train.targets import TimedWord
 from realtime.train.train import TrainConfig, Trainer
@@ -134,3 +135,45 @@ def test_profile_of_training_steps_is_logged(setup: tuple[Path, Path], tmp_path:
         Trainer(cfg).train()
     tables = [r.getMessage() for r in caplog.records if "profile of the training steps" in r.getMessage()]
     assert len(tables) == 2 and all("aten::" in t for t in tables), tables
+
+
+def test_corpus_parts_are_disjoint_and_cover_the_shards(setup: tuple[Path, Path]) -> None:
+    data, tok = setup
+    tokenizer = load_tokenizer(tok)
+    whole = Corpus(data, tokenizer, torch.device("cpu"))
+    whole.refresh()
+    parts = [Corpus(data, tokenizer, torch.device("cpu"), part=(r, 2)) for r in range(2)]
+    for p in parts:
+        p.refresh()
+    assert sorted(v for p in parts for v in p.voices) == sorted(whole.voices)
+    assert all(p.by_shard for p in parts), "the test shards should land on both ranks"
+
+
+def test_data_parallel_ranks_stay_identical(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    """Two gloo ranks: each reads its own shards, DDP keeps the replicas bitwise equal, only rank 0
+    checkpoints, and the weights move away from the start."""
+    data, tok = setup
+    cfg = _config(data, tok, tmp_path / "dp", max_steps=5)
+    start = weight_checksum(Trainer(replace(cfg, out=str(tmp_path / "init"))).model)
+    reports = train_data_parallel(cfg, world=2)
+    assert [r["step"] for r in reports] == [5, 5]
+    assert reports[0]["checksum"] == reports[1]["checksum"] != start
+    assert sum(r["shards"] for r in reports) == 3 and min(r["shards"] for r in reports) >= 1
+    state = torch.load(tmp_path / "dp" / "ckpt.pt", weights_only=False)
+    assert state["step"] == 5 and state["audio_seen_s"] > 0
+
+
+def test_data_parallel_time_budget_stops_all_ranks_after_the_same_step(setup: tuple[Path, Path],
+                                                                        tmp_path: Path) -> None:
+    data, tok = setup
+    cfg = replace(_config(data, tok, tmp_path / "dp", max_steps=100_000), max_minutes=0.04, sync_every=2)
+    reports = train_data_parallel(cfg, world=2)  # raises if the ranks stopped at different steps
+    assert reports[0]["step"] == reports[1]["step"] >= 2
+    assert all(r["train_s"] >= 0.04 * 60 for r in reports)
+
+
+def test_data_parallel_rank_failure_is_reported_not_hung(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    data, tok = setup
+    cfg = replace(_config(data, tok, tmp_path / "dp", max_steps=3), init_from=str(tmp_path / "missing"))
+    with pytest.raises(RuntimeError, match="rank"):
+        train_data_parallel(cfg, world=2)

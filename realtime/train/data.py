@@ -10,6 +10,7 @@ generators seeded by (seed, i): a resumed run sees exactly the batches it would 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,12 +41,17 @@ class _Utt:
 
 @dataclass
 class Corpus:
-    """Utterances of the shards in a folder (those whose `split` is wanted), audio on `device`."""
+    """Utterances of the shards in a folder (those whose `split` is wanted), audio on `device`.
+
+    `part = (rank, world)` keeps only the shards whose name hashes to `rank`: in data-parallel
+    training each GPU holds and reads a disjoint quarter (say) of the corpus, and every rank
+    decides alone, with no communication, as new shards appear."""
 
     folder: Path
     tokenizer: TextTokenizer
     device: torch.device
     splits: tuple[str, ...] = ("train",)
+    part: tuple[int, int] = (0, 1)
     audio: list[torch.Tensor] = field(default_factory=list)  # int16 per shard
     by_shard: list[list[_Utt]] = field(default_factory=list)
     voices: list[str] = field(default_factory=list)
@@ -59,6 +65,9 @@ class Corpus:
             if path.name in self._loaded or path.name.endswith(".tmp.npz"):
                 continue
             self._loaded.add(path.name)
+            rank, world = self.part
+            if world > 1 and int(hashlib.md5(path.name.encode()).hexdigest(), 16) % world != rank:
+                continue
             shard = RawShard.load(path)
             if shard.split not in self.splits or not shard.texts:
                 continue

@@ -3,10 +3,11 @@
     python -m realtime.train.gpu_run run --carry .train_carry --out $OUT [--minutes 8.5] [--size base-384]
     python -m realtime.train.gpu_run unpack --files FOLDER --to models/default     (afterwards, here)
 
-`run` unpacks the carried engines (no system TTS needed), starts corpus synthesis on all but two
-CPU cores in a background process, trains on the GPU from the first shards on (the corpus grows
-while it trains), stops training so that evaluation and export fit in `--minutes`, then evaluates
-the exported model on held-out voices and real recordings with CPU workers. Every checkpoint also
+`run` unpacks the carried engines (no system TTS needed), starts corpus synthesis on the CPU cores
+the trainers leave free, in a background process, trains data-parallel on every GPU (`--gpus`; one
+process per GPU, `realtime.train.distributed`) from the first shards on (the corpus grows while it
+trains), stops training so that evaluation and export fit in `--minutes`, then evaluates the
+exported model on held-out voices and real recordings with CPU workers. Every checkpoint also
 exports the model into $OUT, so a run killed at its time limit still returns a model.
 
 $OUT gets at most 8 files, none over 16 MiB (the limits of what comes back): the fp16 weights in
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger("realtime.train.gpu_run")
@@ -115,6 +117,32 @@ def write_outputs(folder: Path, out: Path) -> None:
     os.replace(out / "model_rest.tar.tmp", out / "model_rest.tar")
 
 
+@dataclass
+class OutHooks:
+    """Rank 0's exports: after every checkpoint into $OUT (a run killed at its limit still returns
+    the latest model, curves and numbers); at the end the final export for the evaluation."""
+
+    out: str
+    metrics: dict
+
+    def on_checkpoint(self, tr) -> None:
+        out = Path(self.out)
+        write_outputs(tr.export(WORK / "export", SHARD_BYTES), out)
+        shutil.copy(WORK / "run" / "loss.png", out / "loss.png")
+        self.metrics["train"] = {"steps": tr.step, "train_minutes": tr.train_s / 60, "partial": True}
+        (out / "metrics.json").write_text(json.dumps(self.metrics, indent=2))
+
+    def on_end(self, tr) -> None:
+        tr.export(WORK / "export", SHARD_BYTES)
+        tr.plot()
+        shutil.copy(WORK / "run" / "loss.png", Path(self.out) / "loss.png")
+        h = tr.history
+        stats = {"steps": tr.step, "train_minutes": tr.train_s / 60, "audio_hours_seen": tr.audio_seen_s / 3600,
+                 "corpus_hours_rank0": tr.corpus.hours, "corpus_shards_rank0": len(tr.corpus.by_shard),
+                 "final_loss": h["loss"][-1:], "val_loss": h["val_loss"][-3:], "val_text_acc": h["val_text_acc"][-3:]}
+        (WORK / "train_stats.json").write_text(json.dumps(stats, indent=2))
+
+
 def run(args: argparse.Namespace) -> int:
     t_start = time.time()
     deadline = t_start + args.minutes * 60
@@ -124,11 +152,9 @@ def run(args: argparse.Namespace) -> int:
     log_file = logging.FileHandler(out / "run.log")
     log_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     logging.getLogger().addHandler(log_file)
-    progress = logging.getLogger("realtime.train.progress")  # every 10th progress line: run.log only
-    progress.propagate = False
-    progress.addHandler(log_file)
     metrics: dict = {"args": vars(args)}
     WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / "train_stats.json").unlink(missing_ok=True)  # written by this run's rank 0 at its end
     setup_engines(carry, WORK)
     install_wheels(carry, WORK)
     probes = probe_engines()
@@ -137,12 +163,17 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    torch.set_num_threads(1)  # the other cores synthesise; the main process only feeds the GPU
+    torch.set_num_threads(1)  # the other cores synthesise; the trainers run in their own processes
     from .data import BatchConfig
+    from .distributed import train_data_parallel
     from .synth import plan_tasks
     from .text_corpus import read_corpus
-    from .train import TrainConfig, Trainer
+    from .train import TrainConfig
     from .voices import VoiceSpec, catalogue
+
+    cuda = torch.cuda.is_available()
+    gpus = (args.gpus or torch.cuda.device_count()) if cuda else 1
+    metrics["gpus"] = gpus
 
     train_v, held_v = catalogue()
 
@@ -157,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     shutil.rmtree(shards, ignore_errors=True)
     tasks = plan_tasks(read_corpus(carry / "corpus.tsv.gz"), train_v, held_v, train_hours=args.max_hours,
                        eval_per_voice=args.eval_per_voice, seed=args.seed)
-    workers = max(1, (os.cpu_count() or 4) - 2)
+    workers = max(1, (os.cpu_count() or 4) - 1 - gpus)  # one core per trainer, one for this process
     train_end = deadline - args.eval_minutes * 60 - 30  # export + margin
     synth_deadline = train_end - 20
     ctx = mp.get_context("spawn")
@@ -168,36 +199,30 @@ def run(args: argparse.Namespace) -> int:
                 synth_deadline - t_start, len(train_v), len(held_v))
 
     tc = TrainConfig(data=str(shards), tokenizer=str(carry / "tok"), out=str(WORK / "run"), size=args.size,
-                     device="cuda" if torch.cuda.is_available() else "cpu", seed=args.seed, lr=args.lr,
+                     device="cuda" if cuda else "cpu", seed=args.seed, lr=args.lr,
                      batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds),
                      ckpt_every_s=args.export_every_s, min_utterances=args.min_utterances,
                      warmup_steps=args.warmup_steps, init_from=args.init_from, profile_at=args.profile_at)
-    trainer = Trainer(tc)
-    trainer.wait_for_data()
-    tc.max_minutes = max(0.5, (train_end - time.time()) / 60)
-    logger.info("training for %.1f min from %.0f s in", tc.max_minutes, time.time() - t_start)
-    def checkpoint_to_out(tr: Trainer) -> None:
-        # a run killed at its time limit still returns the latest model, curves and numbers
-        write_outputs(tr.export(WORK / "export", SHARD_BYTES), out)
-        shutil.copy(WORK / "run" / "loss.png", out / "loss.png")
-        metrics["train"] = {"steps": tr.step, "train_minutes": tr.train_s / 60, "partial": True}
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-
-    trainer.train(on_checkpoint=checkpoint_to_out)
+    logger.info("training on %d GPU(s) until %.0f s", gpus, train_end - t_start)
+    hooks = OutHooks(str(out), metrics)
+    try:
+        reports = train_data_parallel(tc, gpus, deadline=train_end, hooks=hooks, log_path=str(out / "run.log"))
+    except RuntimeError as exc:
+        # a data-parallel start that fails (e.g. NCCL on a new machine) should not cost the whole call
+        if gpus == 1 or train_end - time.time() < 180 or (WORK / "train_stats.json").exists():
+            raise
+        logger.error("data-parallel training on %d GPUs failed (%s); training on one GPU instead", gpus, exc)
+        metrics["data_parallel_error"] = str(exc)
+        gpus = metrics["gpus"] = 1
+        reports = train_data_parallel(tc, 1, deadline=train_end, hooks=hooks, log_path=str(out / "run.log"))
     synth.join(timeout=max(1.0, synth_deadline + 60 - time.time()))
     if synth.is_alive():
         synth.terminate()
-    folder = trainer.export(WORK / "export", SHARD_BYTES)
-    trainer.plot()
-    shutil.copy(WORK / "run" / "loss.png", out / "loss.png")
-    metrics["train"] = {"steps": trainer.step, "train_minutes": trainer.train_s / 60,
-                        "audio_hours_seen": trainer.audio_seen_s / 3600, "corpus_hours": trainer.corpus.hours,
-                        "corpus_shards": len(trainer.corpus.by_shard), "final_loss": trainer.history["loss"][-1:],
-                        "val_loss": trainer.history["val_loss"][-3:], "val_text_acc": trainer.history["val_text_acc"][-3:]}
+    folder = WORK / "export"
+    metrics["train"] = json.loads((WORK / "train_stats.json").read_text())
+    metrics["train"]["ranks"] = reports
     stats_file = WORK / "synth_stats.json"
     metrics["synth"] = json.loads(stats_file.read_text()) if stats_file.exists() else None
-    del trainer
-    torch.cuda.empty_cache()
 
     from .evaluate import evaluate, summary_lines
 
@@ -251,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--minutes", type=float, default=8.5, help="wall-clock budget of the whole run")
     r.add_argument("--eval-minutes", type=float, default=1.25)
     r.add_argument("--size", default="base-384")
+    r.add_argument("--gpus", type=int, default=0, help="data-parallel ranks (0 = every visible GPU)")
     r.add_argument("--lr", type=float, default=1.5e-3)
     r.add_argument("--tokens-per-batch", type=int, default=32768)
     r.add_argument("--max-seconds", type=float, default=20.0)

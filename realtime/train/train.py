@@ -9,6 +9,12 @@ where it stopped. RUN/model/ is the exported checkpoint (fp16 safetensors + conf
 tokenizer.json) that `realtime.loader.load_model` reads; RUN/loss.png the curves. The learning
 rate follows warmup + cosine over whichever budget binds first (steps or minutes), so a
 time-limited run still ends its schedule, then exports, in time.
+
+Data-parallel training (`realtime.train.distributed` starts one process per GPU) sets `rank` and
+`world`: every rank reads its own part of the shards and draws its own batches, DDP averages the
+gradients, and only rank 0 validates, logs, checkpoints and exports. Every decision that must be
+the same on all ranks (the learning rate, when the time budget ends) is taken from values agreed
+by a collective every `sync_every` steps, never from one rank's own clock.
 """
 
 from __future__ import annotations
@@ -68,6 +74,9 @@ class TrainConfig:
     min_utterances: int = 200  # wait for this much data before the first step
     init_from: str | None = None  # exported model folder or packed file (train.warm) to start from
     profile_at: int | None = None  # profile steps [profile_at, profile_at + 3) into the log
+    rank: int = 0  # data-parallel rank and world size (the process group is set up by the caller)
+    world: int = 1
+    sync_every: int = 20  # steps between the ranks' agreement on the training time and audio seen
 
 
 def init_weights(model: VoxtralRealtime, std: float = 0.02) -> None:
@@ -97,15 +106,16 @@ def lr_at(tc: TrainConfig, step: int, train_s: float) -> float:
     return tc.lr * warm * cos
 
 
-def batch_loss(model: VoxtralRealtime, batch: Batch, amp: bool, pad_weight: float = 0.5
-               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def batch_loss(model: VoxtralRealtime, batch: Batch, amp: bool, pad_weight: float = 0.5,
+               forward: torch.nn.Module | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Cross-entropy over the decided tokens; [STREAMING_PAD] targets count `pad_weight` (they are most
     of the targets and carry the least information; DSM likewise down-weights its text padding).
 
     The accuracies come back as 0-d device tensors (NaN when the batch has no such label): reading
-    them forces a GPU sync, so the loop reads them only on the steps it logs."""
+    them forces a GPU sync, so the loop reads them only on the steps it logs. `forward` is the module
+    to call when it is not `model` itself (its DistributedDataParallel wrapper)."""
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-        logits = model(batch.input_ids, batch.mel, batch.delay_tokens)
+        logits = (forward or model)(batch.input_ids, batch.mel, batch.delay_tokens)
     v = logits.shape[-1]
     labels = batch.labels.reshape(-1)
     ce = F.cross_entropy(logits.reshape(-1, v), labels, ignore_index=IGNORE, reduction="none")
@@ -126,6 +136,9 @@ class Trainer:
         self.out = Path(tc.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.device = torch.device(tc.device)
+        if tc.world > 1 and self.device.type == "cuda":
+            self.device = torch.device("cuda", tc.rank)  # one GPU per rank
+            torch.cuda.set_device(self.device)
         self.amp = self.device.type == "cuda"
         if self.amp:
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -134,6 +147,7 @@ class Trainer:
             # new ones: measured on the H200, 10 ms (forward) + 13 ms (backward) of host time per call,
             # 230 ms per step of a 400 ms step. The flash/memory-efficient kernels need no plans.
             torch.backends.cuda.enable_cudnn_sdp(False)
+        self.is_main = tc.rank == 0
         self.tokenizer = load_tokenizer(tc.tokenizer)
         self.cfg: ModelConfig = SIZES[tc.size].config(self.tokenizer.vocab_size - NUM_CONTROL_TOKENS)
         torch.manual_seed(tc.seed)
@@ -146,8 +160,17 @@ class Trainer:
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
                                       {"params": rest, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.98),
                                      eps=1e-8, fused=self.amp)
-        self.corpus = Corpus(Path(tc.data), self.tokenizer, self.device)
-        self.batcher = StreamBatcher(self.cfg, self.corpus, tc.batch, tc.seed)
+        self.corpus = Corpus(Path(tc.data), self.tokenizer, self.device, part=(tc.rank, tc.world))
+        # rank 0 keeps the single-GPU batches of this seed; the other ranks draw their own
+        self.batcher = StreamBatcher(self.cfg, self.corpus, tc.batch, tc.seed + 100_003 * tc.rank)
+        self.forward: torch.nn.Module = self.model
+        if tc.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            # broadcasts rank 0's weights at construction, so every rank starts from the same model
+            self.forward = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.amp else None)
+        self._local_s = 0.0  # this rank's own training seconds and audio since the last agreement
+        self._local_audio_s = 0.0
         self.val_corpus = Corpus(Path(tc.data), self.tokenizer, self.device, splits=("heldout",))
         self.step = 0
         self.train_s = 0.0
@@ -155,8 +178,9 @@ class Trainer:
                                          "val_loss": [], "val_text_acc": [], "audio_h": []}
         self.audio_seen_s = 0.0
         n = sum(p.numel() for p in self.model.parameters())
-        logger.info("model %s: %.2fM parameters (%.1f MB in fp16), vocab %d, device %s", tc.size, n / 1e6,
-                    n * 2 / 1e6, self.cfg.decoder.vocab_size, self.device)
+        if self.is_main:
+            logger.info("model %s: %.2fM parameters (%.1f MB in fp16), vocab %d, device %s, %d rank(s)",
+                        tc.size, n / 1e6, n * 2 / 1e6, self.cfg.decoder.vocab_size, self.device, tc.world)
 
     def warm_start(self, source: Path) -> None:
         """Weights from an exported model folder or a packed file (`realtime.train.warm`), e.g. an
@@ -209,6 +233,7 @@ class Trainer:
         (folder / "training.json").write_text(json.dumps(
             {"steps": self.step, "train_minutes": self.train_s / 60, "audio_hours_seen": self.audio_seen_s / 3600,
              "corpus_hours": self.corpus.hours, "corpus_voices": sorted(set(self.corpus.voices)),
+             "data_parallel_ranks": self.tc.world,  # with several ranks, corpus_* describe rank 0's part
              "size": self.tc.size}, indent=2))
         return folder
 
@@ -271,29 +296,58 @@ class Trainer:
 
     def wait_for_data(self, timeout_s: float = 600.0) -> None:
         t0 = time.time()
+        need = max(1, self.tc.min_utterances // self.tc.world)  # each rank reads its own part
         while True:
             self.corpus.refresh()
-            if self.corpus.num_utterances >= self.tc.min_utterances:
+            if self.corpus.num_utterances >= need:
                 break
             if time.time() - t0 > timeout_s:
-                raise RuntimeError(f"no training data in {self.tc.data} after {timeout_s:.0f} s")
+                raise RuntimeError(f"no training data in {self.tc.data} (part {self.tc.rank} of {self.tc.world}) "
+                                   f"after {timeout_s:.0f} s")
             time.sleep(2.0)
-        self.val_corpus.refresh()
+        if self.is_main:
+            self.val_corpus.refresh()
+
+    def _all_reduce(self, values: list[float], op: str) -> list[float]:
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return t.tolist()
+
+    def _agree(self) -> None:
+        """Fold this rank's seconds into the values every rank decides by: the slowest rank's
+        training time (budget and learning rate) and the audio of all ranks."""
+        if self.tc.world == 1:
+            self.train_s += self._local_s
+            self.audio_seen_s += self._local_audio_s
+        else:
+            (dt,) = self._all_reduce([self._local_s], "max")
+            (da,) = self._all_reduce([self._local_audio_s], "sum")
+            self.train_s += dt
+            self.audio_seen_s += da
+        self._local_s = self._local_audio_s = 0.0
 
     def train(self, on_checkpoint: Callable[[Trainer], None] | None = None, until_step: int | None = None
               ) -> None:
         """Steps until a budget ends (or `until_step`, as if the run were stopped there; the schedule
-        still follows the budgets); `on_checkpoint` runs after every checkpoint (e.g. an export)."""
+        still follows the budgets); `on_checkpoint` runs (on rank 0) after every checkpoint (e.g. an
+        export)."""
         tc = self.tc
         self.wait_for_data()
+        if tc.world > 1 and tc.max_minutes:
+            # the ranks finished waiting at different times: the budget is the smallest one left
+            (neg,) = self._all_reduce([-tc.max_minutes], "max")
+            tc.max_minutes = -neg
         self.model.train()
         last_ckpt_t, t_log = time.time(), time.time()
         profiler: torch.profiler.profile | None = None
         budget_s = tc.max_minutes * 60 if tc.max_minutes else math.inf
         last = tc.max_steps if until_step is None else min(until_step, tc.max_steps)
+        sync_every = 1 if tc.world == 1 else tc.sync_every
         while self.step < last and self.train_s < budget_s:
             t0 = time.time()
-            if tc.profile_at is not None and self.step == tc.profile_at:
+            if self.is_main and tc.profile_at is not None and self.step == tc.profile_at:
                 profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
                                                   + ([torch.profiler.ProfilerActivity.CUDA] if self.amp else []))
                 profiler.__enter__()  # spans several iterations, so no `with`
@@ -303,17 +357,17 @@ class Trainer:
             lr = lr_at(tc, self.step, self.train_s)
             for g in self.opt.param_groups:
                 g["lr"] = lr
-            loss, st = batch_loss(self.model, batch, self.amp, tc.pad_weight)
+            loss, st = batch_loss(self.model, batch, self.amp, tc.pad_weight, self.forward)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
             self.opt.step()
             self.step += 1
-            self.audio_seen_s += batch.audio_seconds
+            self._local_audio_s += batch.audio_seconds
             if profiler is not None and self.step == tc.profile_at + 3:
                 self._log_profile(profiler)
                 profiler = None
-            if self.step % tc.log_every == 0 or self.step == 1:
+            if self.is_main and (self.step % tc.log_every == 0 or self.step == 1):
                 t_wait = time.time()
                 lv = float(loss.detach())  # the only GPU sync of the loop, once per log line
                 # share of the interval the host spent waiting for the GPU: near 0 = input-bound
@@ -334,14 +388,16 @@ class Trainer:
                 print("\r" + line, file=sys.stderr, flush=True, end="\n" if not sys.stderr.isatty() else "")
                 if self.step % (10 * tc.log_every) == 0:
                     progress_log.info("%s", line)  # for log files (gpu_run sends it to run.log only)
-            if self.step % tc.val_every == 0:
+            if self.is_main and self.step % tc.val_every == 0:
                 vl, va = self.validate()
                 self.history["val_step"].append(self.step)
                 self.history["val_loss"].append(vl)
                 self.history["val_text_acc"].append(va)
                 logger.info("step %d held-out voices: loss %.4f text_acc %.3f", self.step, vl, va)
-            self.train_s += time.time() - t0
-            if time.time() - last_ckpt_t > tc.ckpt_every_s or self.step % tc.ckpt_every_steps == 0:
+            self._local_s += time.time() - t0
+            if self.step % sync_every == 0 or self.step == last:
+                self._agree()  # every rank reaches this at the same steps
+            if self.is_main and (time.time() - last_ckpt_t > tc.ckpt_every_s or self.step % tc.ckpt_every_steps == 0):
                 self.save_checkpoint()
                 if on_checkpoint is not None:
                     on_checkpoint(self)
@@ -350,7 +406,8 @@ class Trainer:
             self._log_profile(profiler)
         if sys.stderr.isatty():
             print(file=sys.stderr)
-        self.save_checkpoint()
+        if self.is_main:
+            self.save_checkpoint()
 
 
 def main(argv: list[str] | None = None) -> int:
