@@ -13,10 +13,21 @@
 #     -d .whl_gpu soundfile cffi pycparser mistral-common==1.13.1
 # and start the device command with
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl_gpu/*.whl && export PYTHONPATH=/tmp/site:$PWD
+# With DISTILL_AUDIO=<folder of training-voice audio> set, the drafter is first distilled from
+# models/default into DRAFTER_DIR on the GPU (fp32 teacher, the shipped recipe; T_DISTILL seconds) and
+# its two files come back in OUT; every log and report is packed into OUT/results.tar (OUT returns 8 files at most).
 set -u
 out=${1:?out dir}; drafter=${2:?drafter dir}; audio=${3:?audio dir}
 t_tests=${4:-180}; t_spec=${5:-150}; t_engine=${6:-150}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
+if [ -n "${DISTILL_AUDIO:-}" ]; then
+  timeout "${T_DISTILL:-200}" python3 -m speculative.train --target models/default --audio "$DISTILL_AUDIO"/* \
+    --out "$drafter" --steps 1300 --delays 480 --fresh --dtype fp32 > "$out/distill.log" 2>&1
+  echo "distill rc=$?" | tee -a "$out/distill.log"
+  tail -4 "$out/distill.log"
+  cp "$drafter/drafter_config.json" "$drafter/drafter.safetensors" "$out/"
+  cp "$drafter/train_report.json" "$out/distill_report.json"
+fi
 timeout "$t_tests" python3 -m pytest -q -m gpu -p no:cacheprovider \
   tests/test_kernels.py tests/test_fused_ops.py tests/test_engine.py tests/test_speculative.py > "$out/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$?" | tee -a "$out/gpu_tests.txt"
@@ -31,3 +42,5 @@ if [ "$t_engine" -gt 0 ]; then
   tail -8 "$out/engine.log"
 fi
 tail -5 "$out/gpu_tests.txt"; tail -25 "$out/spec.log"
+(cd "$out" && tar cf results.tar --exclude results.tar --exclude 'drafter*' ./* && find . -maxdepth 1 -type f \
+  ! -name results.tar ! -name 'drafter*' -delete)
