@@ -6,6 +6,11 @@ telephone band (300-3400 Hz), coloured noise at 5-30 dB SNR, and a faint noise f
 recordings are never digitally silent). Speed and pitch are drawn at synthesis time instead, through
 the engines' duration and pitch controls, which keeps the word times exact.
 
+Vocal tract length perturbation (VTLP, Jaitly & Hinton 2013) is drawn here too (`draw_warp`), but it
+is applied inside the log-mel (`BatchLogMel(audio, warp)`): it warps the frequency axis of each row's
+power spectrum by a factor alpha, moving the formants as a longer or shorter vocal tract would, and
+leaves the time axis, hence the word times, untouched.
+
 Only the user region of each stream is touched: the left/right streaming padding stays exact
 zeros, as the session pushes it at inference.
 """
@@ -28,6 +33,8 @@ class AugmentConfig:
     gain_db: tuple[float, float] = (-18.0, 3.0)
     rt60_s: tuple[float, float] = (0.15, 0.7)
     rate: int = 16000
+    p_warp: float = 0.5  # VTLP: share of rows whose spectrum is warped (see `draw_warp`)
+    warp: tuple[float, float] = (0.9, 1.1)  # frequency warp factor alpha, uniform in this range
 
 
 def _uniform(n: int, lo: float, hi: float, g: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -86,3 +93,15 @@ def augment(audio: torch.Tensor, user: torch.Tensor, cfg: AugmentConfig, g: torc
     if cfg.p_noise > 0 or cfg.p_floor > 0:
         x = x + _coloured_noise((b, n), alpha, g) * level[:, None] * mask
     return x.clamp(-1.0, 1.0) * mask
+
+
+def draw_warp(b: int, cfg: AugmentConfig, g: torch.Generator, device: torch.device | str) -> torch.Tensor:
+    """VTLP factors [b] for `BatchLogMel(audio, warp)`: uniform in `cfg.warp` with probability
+    `cfg.p_warp`, exactly 1.0 otherwise.
+
+    Call it after `augment` with the same generator: the earlier augmentations keep their random
+    streams. Both draws happen whatever the configuration, and the choice is a `torch.where`, not a
+    host-side branch on the draws (see `augment`)."""
+    on = torch.rand(b, generator=g, device=device) < cfg.p_warp
+    alpha = _uniform(b, *cfg.warp, g, device)
+    return torch.where(on, alpha, torch.ones_like(alpha))

@@ -20,7 +20,7 @@ import torch
 
 from ..config import ALLOWED_DELAYS_MS, ModelConfig
 from ..tokenizer import TextTokenizer
-from .augment import AugmentConfig, augment
+from .augment import AugmentConfig, augment, draw_warp
 from .features import BatchLogMel
 from .synth import RawShard
 from .targets import TargetError, TimedWord, build_input_ids, loss_mask_start
@@ -191,7 +191,10 @@ class StreamBatcher:
         user = (sample >= left) & (sample < left + user_len.to(dev, non_blocking=True))
         g = torch.Generator(device=dev).manual_seed(self.seed * 1_000_003 + index)
         audio = augment(audio, user, bc.augment, g)
-        mel = self.mel(audio)
+        # VTLP after the other draws (their random streams stay as they were); gated on the config,
+        # so a batch without warp (validation) takes the plain log-mel path
+        warp = draw_warp(b, bc.augment, g, dev) if bc.augment.p_warp > 0 else None
+        mel = self.mel(audio, warp)
         delays = torch.tensor([it[2] for it in items], dtype=torch.long)
         secs = sum(it[3] for it in items) / self.rate
         return Batch(input_ids.to(dev, non_blocking=True), labels.to(dev, non_blocking=True), mel,

@@ -1,0 +1,156 @@
+"""VTLP (frequency warp) augmentation: exact when off, moves formants the right way, reproducible."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import synthetic_audio
+
+from realtime.config import AudioFrontendConfig
+from realtime.tokenizer import load_tokenizer
+from realtime.tokenizer_build import NUM_CONTROL_TOKENS, shipped_tekken_ranks, write_tokenizer_json
+from realtime.train.augment import AugmentConfig, augment, draw_warp
+from realtime.train.data import BatchConfig, Corpus, StreamBatcher
+from realtime.train.features import BatchLogMel
+from realtime.train.model_size import SIZES
+from realtime.train.synth import Shard, Utterance
+from realtime.train.targets import TimedWord
+from realtime.train.train import NO_AUGMENT
+
+RATE = 16000
+
+
+def _noise(b: int, seconds: float = 1.0, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, int(seconds * RATE), generator=g) * 0.1
+    x[:, : RATE // 4] = 0.0  # a silent lead, like the streaming padding
+    return x
+
+
+def test_warp_of_ones_is_bitwise_the_unwarped_log_mel() -> None:
+    mel = BatchLogMel(AudioFrontendConfig())
+    x = _noise(4)
+    plain = mel(x)
+    assert torch.equal(mel(x, torch.ones(4)), plain)
+    # in a mixed batch the rows at 1.0 are untouched, the others are not
+    mixed = mel(x, torch.tensor([1.0, 0.9, 1.0, 1.1]))
+    assert torch.equal(mixed[0], plain[0]) and torch.equal(mixed[2], plain[2])
+    assert not torch.equal(mixed[1], plain[1]) and not torch.equal(mixed[3], plain[3])
+    # silent frames stay at the floor (a zero spectrum warps to zero)
+    assert torch.equal(mixed[:, :, :20], plain[:, :, :20])
+
+
+def _peak_bin(mel: BatchLogMel, hz: float, warp: float | None = None) -> int:
+    t = torch.arange(RATE) / RATE
+    x = (0.3 * torch.sin(2 * torch.pi * hz * t))[None]
+    out = mel(x, None if warp is None else torch.tensor([warp]))
+    return int(out[0, :, 5:-5].mean(-1).argmax())
+
+
+@pytest.mark.parametrize("hz", [1000.0, 3000.0])
+@pytest.mark.parametrize("alpha", [1.1, 0.9])
+def test_warp_moves_a_sine_to_alpha_times_its_frequency(hz: float, alpha: float) -> None:
+    mel = BatchLogMel(AudioFrontendConfig())
+    moved = _peak_bin(mel, hz, alpha)
+    assert moved == _peak_bin(mel, alpha * hz)
+    assert moved != _peak_bin(mel, hz)  # 10% is several mel bins
+
+
+def test_band_edge_repeats_the_nyquist_bin_for_alpha_below_one() -> None:
+    mel = BatchLogMel(AudioFrontendConfig())
+    f = mel.warped_filters(torch.tensor([0.9, 1.1]))
+    n_freq = mel.filters.shape[-1]
+    top = n_freq - 1
+    # alpha < 1: output bins above 0.9 * Nyquist read past Nyquist -> clamped onto the Nyquist bin, so the
+    # top mel filters take all their weight from it (no digital-zero hole)
+    assert torch.allclose(f[0, -1, top], mel.filters[-1].sum(), rtol=1e-5)
+    assert float(f[0, -1, :top].abs().max()) == 0.0
+    # alpha > 1: source content above Nyquist / 1.1 leaves the band
+    assert float(f[1, :, int(top / 1.1) + 2:].abs().max()) == 0.0
+    out = mel(_noise(1), torch.tensor([0.9]))
+    assert float(out[0, -5:, 30:].min()) > (AudioFrontendConfig().global_log_mel_max - 8.0 + 4.0) / 4.0 + 0.1
+
+
+def test_draw_warp_is_seeded_and_off_rows_are_exactly_one() -> None:
+    cfg = AugmentConfig()
+
+    def draw(seed: int, c: AugmentConfig = cfg, b: int = 2000) -> torch.Tensor:
+        return draw_warp(b, c, torch.Generator().manual_seed(seed), "cpu")
+
+    a = draw(7)
+    assert torch.equal(a, draw(7)) and not torch.equal(a, draw(8))
+    on = a != 1.0
+    assert 0.45 < float(on.float().mean()) < 0.55  # p_warp 0.5
+    assert float(a[on].min()) >= 0.9 and float(a[on].max()) <= 1.1
+    assert float(a[on].std()) > 0.05  # spread over the range, not a constant
+    assert torch.equal(draw(7, replace(cfg, p_warp=0.0)), torch.ones(2000))
+    assert bool((draw(7, replace(cfg, p_warp=1.0)) != 1.0).all())
+    assert NO_AUGMENT.p_warp == 0
+
+
+WORDS = ["yes", "no", "stop", "go", "left", "right", "up", "down"]
+
+
+def _shard(seed: int, n: int = 6) -> Shard:
+    rng = np.random.default_rng(seed)
+    shard = Shard(f"synthetic:{seed}", f"spk{seed}", "train")
+    for i in range(n):
+        k = int(rng.integers(2, 5))
+        words = [WORDS[j] for j in rng.integers(0, len(WORDS), k)]
+        audio = synthetic_audio(0.35 * k + 0.2, seed=seed * 100 + i)
+        timed = [TimedWord(w, 0.1 + 0.35 * j, 0.1 + 0.35 * (j + 1)) for j, w in enumerate(words)]
+        shard.utterances.append(Utterance(" ".join(words), audio, timed))
+    return shard
+
+
+@pytest.fixture(scope="module")
+def batcher_parts(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("augment")
+    data, tok = root / "shards", root / "tok"
+    data.mkdir()
+    tok.mkdir()
+    for s in range(2):
+        _shard(s).save(data / f"train-{s:05d}.npz")
+    write_tokenizer_json(tok / "tokenizer.json", shipped_tekken_ranks(500))
+    tokenizer = load_tokenizer(tok)
+    cfg = SIZES["test"].config(tokenizer.vocab_size - NUM_CONTROL_TOKENS)
+    corpus = Corpus(Path(data), tokenizer, torch.device("cpu"))
+    assert corpus.refresh() == 2
+    return cfg, corpus
+
+
+def _batcher(parts, augment: AugmentConfig) -> StreamBatcher:
+    cfg, corpus = parts
+    bc = BatchConfig(tokens_per_batch=1000, min_seconds=0.8, max_seconds=1.5, augment=augment)
+    return StreamBatcher(cfg, corpus, bc, seed=11)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_warped_batches_are_a_pure_function_of_seed_and_index(batcher_parts) -> None:
+    cfg = AugmentConfig()  # p_warp 0.5
+    a = _batcher(batcher_parts, cfg)
+    first = a.batch(3)
+    other = a.batch(4)
+    again = _batcher(batcher_parts, cfg).batch(3)  # a fresh batcher, after another batch
+    for name in ("mel", "input_ids", "labels", "delay_tokens"):
+        assert torch.equal(getattr(first, name), getattr(again, name)), name
+    assert first.mel.shape != other.mel.shape or not torch.equal(first.mel, other.mel)
+
+    # Replay the batch's generator (augment's draws depend on the shapes only, not on the audio) to get
+    # the warp factors the batch used: the warp is drawn after the other augmentations, so without it
+    # the batch is the same except for the spectra of the warped rows.
+    b, _, frames = first.mel.shape
+    n = frames * AudioFrontendConfig().hop_length
+    g = torch.Generator().manual_seed(11 * 1_000_003 + 3)
+    augment(torch.zeros(b, n), torch.ones(b, n, dtype=torch.bool), cfg, g)
+    alpha = draw_warp(b, cfg, g, "cpu")
+    warped = alpha != 1.0
+    assert 0 < int(warped.sum()) < b  # the case has both kinds of rows
+    flat = _batcher(batcher_parts, replace(cfg, p_warp=0.0)).batch(3)
+    assert torch.equal(flat.input_ids, first.input_ids)
+    for r in range(b):
+        assert torch.equal(flat.mel[r], first.mel[r]) != bool(warped[r]), r
