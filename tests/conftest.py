@@ -54,6 +54,26 @@ def synthetic_audio(seconds: float, seed: int = 0, rate: int = 16000) -> np.ndar
     return out.astype(np.float32)
 
 
+SHARD_WORDS = ["yes", "no", "stop", "go", "left", "right", "up", "down"]
+
+
+def synthetic_shard(seed: int, split: str = "train", n: int = 12):
+    """A training shard of `n` utterances of 2-4 command words over the synthetic test signal, with
+    word times (realtime.train.synth.Shard); for the training-pipeline tests."""
+    from realtime.train.synth import Shard, Utterance
+    from realtime.train.targets import TimedWord
+
+    rng = np.random.default_rng(seed)
+    shard = Shard(f"synthetic:{seed}", f"spk{seed}", split)
+    for i in range(n):
+        k = int(rng.integers(2, 5))
+        words = [SHARD_WORDS[j] for j in rng.integers(0, len(SHARD_WORDS), k)]
+        audio = synthetic_audio(0.35 * k + 0.2, seed=seed * 100 + i)
+        timed = [TimedWord(w, 0.1 + 0.35 * j, 0.1 + 0.35 * (j + 1)) for j, w in enumerate(words)]
+        shard.utterances.append(Utterance(" ".join(words), audio, timed))
+    return shard
+
+
 @contextlib.contextmanager
 def single_thread() -> Iterator[None]:
     """One torch intra-op thread for a while: tiny matrices run fastest on one, and a second thread

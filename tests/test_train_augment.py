@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from conftest import synthetic_audio
+from conftest import synthetic_shard
 
 from realtime.config import AudioFrontendConfig
 from realtime.tokenizer import load_tokenizer
@@ -17,8 +16,6 @@ from realtime.train.augment import AugmentConfig, augment, draw_warp
 from realtime.train.data import BatchConfig, Corpus, StreamBatcher
 from realtime.train.features import BatchLogMel
 from realtime.train.model_size import SIZES
-from realtime.train.synth import Shard, Utterance
-from realtime.train.targets import TimedWord
 from realtime.train.train import NO_AUGMENT
 
 RATE = 16000
@@ -92,19 +89,7 @@ def test_draw_warp_is_seeded_and_off_rows_are_exactly_one() -> None:
     assert NO_AUGMENT.p_warp == 0
 
 
-WORDS = ["yes", "no", "stop", "go", "left", "right", "up", "down"]
 
-
-def _shard(seed: int, n: int = 6) -> Shard:
-    rng = np.random.default_rng(seed)
-    shard = Shard(f"synthetic:{seed}", f"spk{seed}", "train")
-    for i in range(n):
-        k = int(rng.integers(2, 5))
-        words = [WORDS[j] for j in rng.integers(0, len(WORDS), k)]
-        audio = synthetic_audio(0.35 * k + 0.2, seed=seed * 100 + i)
-        timed = [TimedWord(w, 0.1 + 0.35 * j, 0.1 + 0.35 * (j + 1)) for j, w in enumerate(words)]
-        shard.utterances.append(Utterance(" ".join(words), audio, timed))
-    return shard
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +99,7 @@ def batcher_parts(tmp_path_factory: pytest.TempPathFactory):
     data.mkdir()
     tok.mkdir()
     for s in range(2):
-        _shard(s).save(data / f"train-{s:05d}.npz")
+        synthetic_shard(s, "train", 6).save(data / f"train-{s:05d}.npz")
     write_tokenizer_json(tok / "tokenizer.json", shipped_tekken_ranks(500))
     tokenizer = load_tokenizer(tok)
     cfg = SIZES["test"].config(tokenizer.vocab_size - NUM_CONTROL_TOKENS)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import synthetic_audio
+from conftest import synthetic_audio, synthetic_shard
 
 from realtime.loader import load_model
 from realtime.session import transcribe
@@ -17,25 +17,8 @@ from realtime.tokenizer import load_tokenizer
 from realtime.tokenizer_build import shipped_tekken_ranks, write_tokenizer_json
 from realtime.train.data import BatchConfig, Corpus
 from realtime.train.distributed import train_data_parallel, weight_checksum
-from realtime.train.synth import Shard, Utterance
-from realtime.train.targets import TimedWord
 from realtime.train.train import TrainConfig, Trainer
 from realtime.train.warm import load_warm_state, pack_state
-
-WORDS = ["yes", "no", "stop", "go", "left", "right", "up", "down"]
-
-
-def _shard(seed: int, split: str, n: int = 12) -> Shard:
-    rng = np.random.default_rng(seed)
-    shard = Shard(f"synthetic:{seed}", f"spk{seed}", split)
-    for i in range(n):
-        k = int(rng.integers(2, 5))
-        words = [WORDS[j] for j in rng.integers(0, len(WORDS), k)]
-        audio = synthetic_audio(0.35 * k + 0.2, seed=seed * 100 + i)
-        timed = [TimedWord(w, 0.1 + 0.35 * j, 0.1 + 0.35 * (j + 1)) for j, w in enumerate(words)]
-        shard.utterances.append(Utterance(" ".join(words), audio, timed))
-    return shard
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,8 +30,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     data.mkdir()
     tok.mkdir()
     for s in range(3):
-        _shard(s, "train").save(data / f"train-{s:05d}.npz")
-    _shard(9, "heldout", 4).save(data / "heldout-00.npz")
+        synthetic_shard(s, "train").save(data / f"train-{s:05d}.npz")
+    synthetic_shard(9, "heldout", 4).save(data / "heldout-00.npz")
     write_tokenizer_json(tok / "tokenizer.json", shipped_tekken_ranks(500))
     return data, tok
 
