@@ -66,7 +66,10 @@ def _rank_main(rank: int, world: int, port: int, tc: TrainConfig, deadline: floa
     cuda = tc.device.startswith("cuda")
     if cuda:
         torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    if cuda:  # the device named up front: NCCL binds it at once instead of guessing it from the rank
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         tc = replace(tc, rank=rank, world=world)
         trainer = Trainer(tc)
