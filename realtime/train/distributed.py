@@ -63,10 +63,9 @@ def _rank_main(rank: int, world: int, port: int, tc: TrainConfig, deadline: floa
         progress.addHandler(handler)
     torch.set_num_threads(1)  # the host thread only feeds its GPU; other cores synthesise
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    cuda = tc.device.startswith("cuda")
-    if cuda:
+    if tc.device.startswith("cuda"):
         torch.cuda.set_device(rank)
-    if cuda:  # the device named up front: NCCL binds it at once instead of guessing it from the rank
+        # the device named up front: NCCL binds it at once instead of guessing it from the rank
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world)
