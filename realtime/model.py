@@ -12,6 +12,7 @@ in the batched engine). The network code is therefore the same everywhere.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -56,7 +57,7 @@ class FrequencyTable:
     from a CUDA graph must not copy anything from the host.
     """
 
-    def __init__(self, make: callable[[], torch.Tensor]) -> None:
+    def __init__(self, make: Callable[[], torch.Tensor]) -> None:
         self._make = make
         self._per_device: dict[torch.device, torch.Tensor] = {}
 

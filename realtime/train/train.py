@@ -137,8 +137,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         self.device = torch.device(tc.device)
         if tc.world > 1 and self.device.type == "cuda":
-            self.device = torch.device("cuda", tc.rank)  # one GPU per rank
-            torch.cuda.set_device(self.device)
+            self.device = torch.device("cuda", tc.rank)  # one GPU per rank (distributed.py made it current)
         self.amp = self.device.type == "cuda"
         if self.amp:
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -308,12 +307,13 @@ class Trainer:
         if self.is_main:
             self.val_corpus.refresh()
 
-    def _all_reduce(self, values: list[float], op: str) -> list[float]:
+    def _all_reduce(self, value: float, op: str) -> float:
+        """`value` reduced over the ranks with "min", "max" or "sum" (a collective: all ranks call it)."""
         import torch.distributed as dist
 
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-        return t.tolist()
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op={"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}[op])
+        return float(t)
 
     def _agree(self) -> None:
         """Fold this rank's seconds into the values every rank decides by: the slowest rank's
@@ -322,10 +322,8 @@ class Trainer:
             self.train_s += self._local_s
             self.audio_seen_s += self._local_audio_s
         else:
-            (dt,) = self._all_reduce([self._local_s], "max")
-            (da,) = self._all_reduce([self._local_audio_s], "sum")
-            self.train_s += dt
-            self.audio_seen_s += da
+            self.train_s += self._all_reduce(self._local_s, "max")
+            self.audio_seen_s += self._all_reduce(self._local_audio_s, "sum")
         self._local_s = self._local_audio_s = 0.0
 
     def train(self, on_checkpoint: Callable[[Trainer], None] | None = None, until_step: int | None = None
@@ -337,8 +335,7 @@ class Trainer:
         self.wait_for_data()
         if tc.world > 1 and tc.max_minutes:
             # the ranks finished waiting at different times: the budget is the smallest one left
-            (neg,) = self._all_reduce([-tc.max_minutes], "max")
-            tc.max_minutes = -neg
+            tc.max_minutes = self._all_reduce(tc.max_minutes, "min")
         self.model.train()
         last_ckpt_t, t_log = time.time(), time.time()
         profiler: torch.profiler.profile | None = None
