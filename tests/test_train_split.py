@@ -61,3 +61,19 @@ def test_tasks_respect_both_splits() -> None:
 def test_normalize() -> None:
     assert normalize("It's 25 past 3, Mr. Smith!") == "it's twenty five past three mr smith"
     assert normalize("  'Quoted'  -- and   spaced ") == "quoted and spaced"
+
+
+def test_accented_mbrola_voice_names_find_their_voice_file(tmp_path, monkeypatch) -> None:
+    """`mb-ro1-en` (English through the Romanian voice) is synthesised from the voice file `ro1`."""
+    import shutil
+
+    from realtime.train.voices import mbrola_voice_available
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/mbrola" if name == "mbrola" else None)
+    monkeypatch.delenv("STREAMSCRIBE_ESPEAK_DATA", raising=False)
+    (tmp_path / "mbrola").mkdir()
+    (tmp_path / "mbrola" / "ro1").write_bytes(b"x")
+    assert mbrola_voice_available("mb-ro1-en", str(tmp_path))
+    assert not mbrola_voice_available("mb-zz9-en", str(tmp_path))
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert not mbrola_voice_available("mb-ro1-en", str(tmp_path))  # the voice file alone is not enough

@@ -74,6 +74,52 @@ def test_espeak_synthesis_word_times() -> None:
     assert slow.size > 1.5 * fast.size  # the rate control works (timings stay exact, unlike resampling)
 
 
+def _median_f0(audio: np.ndarray, rate: int) -> float:
+    """Median pitch of the loud 50 ms frames (autocorrelation peak in 60-400 Hz)."""
+    n, out = int(rate * 0.05), []
+    for i in range(0, audio.size - n, n):
+        frame = audio[i:i + n]
+        if np.sqrt((frame ** 2).mean()) < 0.05:
+            continue
+        ac = np.correlate(frame, frame, "full")[n - 1:]
+        lo, hi = rate // 400, rate // 60
+        out.append(rate / (lo + int(np.argmax(ac[lo:hi]))))
+    return float(np.median(out))
+
+
+def test_mbrola_voice_stays_mbrola_for_every_utterance() -> None:
+    """espeak-ng 1.51 resets the voice to its formant default at the end of a `<speak>` document:
+    the wrapper once returned formant audio labelled as the mbrola voice for every utterance after
+    the first. Each utterance in a row must sound like the `espeak-ng -v mb-us1` command line
+    (same pitch, same length up to the command line's trailing silence)."""
+    import io
+    import shutil
+    import subprocess
+
+    import soundfile as sf
+
+    from realtime.train.espeak import EspeakVoice
+    from realtime.train.voices import mbrola_voice_available
+
+    if shutil.which("espeak-ng") is None or not mbrola_voice_available("mb-us1", None):
+        pytest.skip("mbrola with the us1 voice is not installed (.ci/install_mbrola.sh installs it)")
+    synth = _espeak()
+    sentences = ["please call stella and ask her to bring these things with her from the store",
+                 "we also need a small plastic snake and a big toy frog for the kids",
+                 "six spoons of fresh snow peas and five thick slabs of blue cheese"]
+    for text in sentences + sentences[:1]:
+        audio, timed = synth.synthesize(EspeakVoice("mb-us1"), text.split())
+        cli = subprocess.run(["espeak-ng", "-v", "mb-us1", "--stdout", text], capture_output=True, check=True).stdout
+        ref, rate = sf.read(io.BytesIO(cli), dtype="float32")
+        assert rate == 16000
+        ours, theirs = _median_f0(audio, 16000), _median_f0(ref, rate)
+        assert theirs > 150  # us1 is a female voice; the formant fallback sits near 75 Hz
+        assert abs(ours - theirs) < 0.1 * theirs, (text, ours, theirs)
+        # the command line adds about 0.3 s of silence at the end
+        assert 0.8 < audio.size / ref.size <= 1.0, (text, audio.size, ref.size)
+        assert [w.text for w in timed] == text.split() and timed[-1].end <= audio.size / 16000 + 1e-6
+
+
 def test_synthesis_task_writes_a_loadable_shard(tmp_path) -> None:
     from realtime.train.synth import RawShard, Task, run_task
     from realtime.train.voices import VoiceSpec

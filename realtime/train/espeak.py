@@ -5,6 +5,12 @@ mbrola voices) and with any other build of the library (e.g. the `espeakng-loade
 has no mbrola). Word times come from SSML `<mark/>`s placed before every word: each mark event
 carries `audio_position` (ms) = the start of that word; a word ends where the next one starts,
 minus the trailing silence (speech_data.md §1). The library is initialised once per process.
+
+The SSML goes *without* a `<speak>` root (measured on espeak-ng 1.51 with mbrola voices): closing
+`</speak>` pops the voice set with `espeak_SetVoiceByName` back to the default formant voice, so
+every utterance after the first silently came out as formant "en" audio while still labelled as
+the mbrola voice. The marks are still parsed without the root. A voice's sample rate is reported
+once, on its first utterance, so it is kept for the ones after.
 """
 
 from __future__ import annotations
@@ -129,7 +135,7 @@ class EspeakSynth:
             ev = events[i]
             if ev.type == _EV_MARK and ev.id.name:
                 self._marks.append((ev.id.name.decode(), ev.audio_position))
-            elif ev.type == _EV_SAMPLERATE and self._rate is None:
+            elif ev.type == _EV_SAMPLERATE:
                 self._rate = ev.id.number
             i += 1
         return 0
@@ -141,9 +147,10 @@ class EspeakSynth:
                 raise EspeakError(f"espeak-ng has no usable voice {voice.name!r} (mbrola voices need the mbrola "
                                   f"program and voice files)")
             self._voice = voice.name
+            self._rate = None  # the new voice reports its own on its first utterance
             if voice.name.startswith("mb-"):
-                # The first utterance after loading an mbrola voice comes back cut short (its tail and
-                # the end mark are lost, measured on espeak-ng 1.51): spend it on a throw-away phrase.
+                # the first utterance after loading an mbrola voice has been seen cut short (its tail
+                # and the end mark lost, espeak-ng 1.51): spend it on a throw-away phrase
                 self._run(voice, ["hello", "there"])
         audio = self._run(voice, words)
         starts = dict(self._marks)
@@ -161,10 +168,10 @@ class EspeakSynth:
         self._lib.espeak_SetParameter(_PARAM_PITCH, int(voice.pitch), 0)
         self._lib.espeak_SetParameter(_PARAM_RANGE, int(voice.pitch_range), 0)
         # a mark before every word, and one at the end: a mark right at the end is otherwise lost
-        ssml = "<speak>" + " ".join(f'<mark name="w{i}"/>{escape(w)}' for i, w in enumerate(words)) + \
-            ' <mark name="end"/></speak>'
+        # no <speak> root: its end would reset the voice to the default (module docstring)
+        ssml = " ".join(f'<mark name="w{i}"/>{escape(w)}' for i, w in enumerate(words)) + ' <mark name="end"/>'
         data = ssml.encode("utf-8") + b"\0"
-        self._chunks, self._marks, self._rate = [], [], None
+        self._chunks, self._marks = [], []
         buf = ctypes.create_string_buffer(data)
         err = self._lib.espeak_Synth(buf, len(data), 0, 0, 0, _CHARS_UTF8 | _SSML, None, None)
         if err != 0:

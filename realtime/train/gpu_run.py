@@ -208,13 +208,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         reports = train_data_parallel(tc, gpus, deadline=train_end, hooks=hooks, log_path=str(out / "run.log"))
     except RuntimeError as exc:
+        if (WORK / "train_stats.json").exists():
+            # training ended and rank 0 exported; a failed check after it (e.g. replicas that differ)
+            # is reported with the results instead of throwing away the evaluation
+            logger.error("data-parallel training ended with an error: %s", exc)
+            metrics["data_parallel_error"] = str(exc)
+            reports = []
         # a data-parallel start that fails (e.g. NCCL on a new machine) should not cost the whole call
-        if gpus == 1 or train_end - time.time() < 180 or (WORK / "train_stats.json").exists():
+        elif gpus == 1 or train_end - time.time() < 180:
             raise
-        logger.error("data-parallel training on %d GPUs failed (%s); training on one GPU instead", gpus, exc)
-        metrics["data_parallel_error"] = str(exc)
-        gpus = metrics["gpus"] = 1
-        reports = train_data_parallel(tc, 1, deadline=train_end, hooks=hooks, log_path=str(out / "run.log"))
+        else:
+            logger.error("data-parallel training on %d GPUs failed (%s); training on one GPU instead", gpus, exc)
+            metrics["data_parallel_error"] = str(exc)
+            gpus = metrics["gpus"] = 1
+            reports = train_data_parallel(tc, 1, deadline=train_end, hooks=hooks, log_path=str(out / "run.log"))
     synth.join(timeout=max(1.0, synth_deadline + 60 - time.time()))
     if synth.is_alive():
         synth.terminate()

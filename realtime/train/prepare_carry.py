@@ -1,6 +1,6 @@
 """Build `.train_carry/`: everything the GPU training call needs that its machine lacks.
 
-    python -m realtime.train.prepare_carry [--out .train_carry] [--mbrola us1 us2 us3 en1]
+    python -m realtime.train.prepare_carry [--out .train_carry] [--mbrola us1 us2 us3 en1 ro1 pl1]
 
 The training machine has torch, numpy, scipy, matplotlib and tokenizers but no TTS engines, no sox,
 no network and no apt. This folder brings, within the 64 MiB a call may carry (with the repo):
@@ -50,6 +50,8 @@ LICENCES = {
     "mbrola-us2": "non-free MBROLA database licence (owner BaBel Technology)",
     "mbrola-us3": "non-free MBROLA database licence (owner OGI)",
     "mbrola-en1": "non-free MBROLA licence + Edinburgh ROGER terms (free copying with notice)",
+    "mbrola-ro1": "non-free MBROLA database licence (owner Politehnica University of Timisoara, M. Boldea)",
+    "mbrola-pl1": "non-free MBROLA database licence (diphone database owner K. Szklanny, PJWSTK)",
 }
 
 
@@ -141,7 +143,7 @@ def download_wheels(out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".train_carry")
-    ap.add_argument("--mbrola", nargs="*", default=["us1", "us2", "us3", "en1"])
+    ap.add_argument("--mbrola", nargs="*", default=["us1", "us2", "us3", "en1", "ro1", "pl1"])
     ap.add_argument("--ranks", type=int, default=3096)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")

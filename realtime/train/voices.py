@@ -1,6 +1,6 @@
 """The voice catalogue and its split by speaker: held-out speakers never appear in training.
 
-A *speaker* is one recorded person (flite's slt, rms, awb, kal; mbrola's us1, us2, us3, en1) or,
+A *speaker* is one recorded person (flite's slt, rms, awb, kal; mbrola's us1, us2, us3, en1, ro1, pl1) or,
 for espeak-ng's formant synthesiser, one accent + variant pair. The held-out set is disjoint at
 the level that matters for generalisation: the held-out recorded speakers are used by no training
 voice, and the held-out formant voices use accents *and* variants that no training voice uses.
@@ -67,6 +67,10 @@ def catalogue() -> tuple[list[VoiceSpec], list[VoiceSpec]]:
         VoiceSpec("flite", "kal16", "kal", False, 1.2),
         VoiceSpec("espeak", "mb-us1", "us1", True, 1.5),
         VoiceSpec("espeak", "mb-us2", "us2", False, 1.2),
+        # English through a Romanian (male) and a Polish (female) diphone speaker: two more recorded
+        # people, small enough to carry (2.8 / 3.6 MB compressed)
+        VoiceSpec("espeak", "mb-ro1-en", "ro1", False, 1.0),
+        VoiceSpec("espeak", "mb-pl1-en", "pl1", True, 1.0),
     ]
     n_formant = len(TRAIN_ACCENTS) * len(TRAIN_VARIANTS)
     train += [_formant(a, v, 2.3 / n_formant) for a in TRAIN_ACCENTS for v in TRAIN_VARIANTS]
@@ -85,7 +89,7 @@ def mbrola_voice_available(name: str, espeak_data: str | None) -> bool:
     `mbrola` program on PATH; a voice missing either is left out of the catalogue."""
     from shutil import which
 
-    short = name.removeprefix("mb-")
+    short = name.removeprefix("mb-").split("-")[0]  # "mb-ro1-en" uses the voice file ro1
     if which("mbrola") is None:
         return False
     roots = [Path(p) / "mbrola" for p in (espeak_data, os.environ.get("STREAMSCRIBE_ESPEAK_DATA")) if p]
