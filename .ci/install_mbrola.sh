@@ -7,8 +7,9 @@ set -uo pipefail
 [ -f /usr/share/mbrola/us1/us1 ] && command -v mbrola >/dev/null && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
-mirror=$(grep -rhoE 'https?://[^ ]*debian[^ ]*' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
-         | grep -v security | head -1)
+# the first active Debian URI (deb822 "URIs:" or one-line "deb" entries; comments skipped)
+mirror=$(grep -rhE '^[[:space:]]*(URIs:|deb )' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
+         | grep -oE 'https?://[^ ]*debian[^ ]*' | grep -v security | head -1)
 suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
 dir=$(mktemp -d)
 mkdir -p "$dir/parts" "$dir/lists/partial" "$dir/cache/archives/partial"
