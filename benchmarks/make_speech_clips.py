@@ -11,7 +11,8 @@ before and 0.5 s after, as a 16 kHz PCM16 WAV (the browser test's held-out sampl
 `heldout`: one clip per held-out voice (speakers the default model never heard), spoken from the
 corpus's *test* sentences, named `heldout_<i>_<engine>_<voice>.flac`. `train`: `count` clips from
 training voices drawn by their weights, spoken from *train* sentences (distillation data), named
-`train_<i>_<engine>_<voice>.flac`. Utterances are joined with 0.25-0.6 s of silence; each is
+`train_<i>_<engine>_<voice>.flac`; `--sentences test` makes training voices speak test sentences instead
+(seen speakers, unseen text: the target's own domain). Utterances are joined with 0.25-0.6 s of silence; each is
 peak-normalised like the training shards. Needs the TTS engines of the training pipeline
 (espeak-ng, mbrola voices, flite + the flitew helper) and the corpus file of `.train_carry`.
 """
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seconds", type=float, default=45.0)
     ap.add_argument("--count", type=int, default=10, help="clips to make from training voices")
+    ap.add_argument("--sentences", choices=("train", "test"), default=None,
+                    help="corpus split to speak (default: test for held-out voices, train for training voices)")
     ap.add_argument("--corpus", default=".train_carry/corpus.tsv.gz")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give --voices heldout|train, or --sentence with --voice")
     train_v, held_v = catalogue()
     voices = available(held_v if args.voices == "heldout" else train_v, espeak=True, flite=True)
-    split = "test" if args.voices == "heldout" else "train"
+    split = args.sentences or ("test" if args.voices == "heldout" else "train")
     sentences = [s.text for s in read_corpus(Path(args.corpus)) if s.split == split]
     rng = np.random.default_rng(args.seed)
     out = Path(args.out)
