@@ -160,3 +160,15 @@ def test_data_parallel_rank_failure_is_reported_not_hung(setup: tuple[Path, Path
     cfg = replace(_config(data, tok, tmp_path / "dp", max_steps=3), init_from=str(tmp_path / "missing"))
     with pytest.raises(RuntimeError, match="rank"):
         train_data_parallel(cfg, world=2)
+
+
+def test_a_failed_data_parallel_run_keeps_what_it_can() -> None:
+    """gpu_run's choice after the ranks raise: evaluate what finished training, retry on one GPU
+    when a multi-GPU start failed with time left, and give up otherwise."""
+    from realtime.train.gpu_run import after_training_failure
+
+    assert after_training_failure(2, 10.0, finished=True) == "evaluate"  # e.g. replicas that differ
+    assert after_training_failure(1, 400.0, finished=True) == "evaluate"
+    assert after_training_failure(2, 400.0, finished=False) == "one_gpu"
+    assert after_training_failure(2, 100.0, finished=False) == "raise"  # too late to start again
+    assert after_training_failure(1, 400.0, finished=False) == "raise"  # already on one GPU

@@ -143,6 +143,18 @@ class OutHooks:
         (WORK / "train_stats.json").write_text(json.dumps(stats, indent=2))
 
 
+def after_training_failure(gpus: int, seconds_left: float, finished: bool) -> str:
+    """What a call does when data-parallel training raised: "evaluate" when training had finished
+    (rank 0 exported; a failed check after it, e.g. replicas that differ, is reported with the
+    results instead of throwing the evaluation away), "one_gpu" when a multi-GPU start failed (e.g.
+    NCCL on a new machine) and enough time is left to train on one GPU, else "raise"."""
+    if finished:
+        return "evaluate"
+    if gpus > 1 and seconds_left >= 180:
+        return "one_gpu"
+    return "raise"
+
+
 def run(args: argparse.Namespace) -> int:
     t_start = time.time()
     deadline = t_start + args.minutes * 60
@@ -169,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     from .synth import plan_tasks
     from .text_corpus import read_corpus
     from .train import TrainConfig
-    from .voices import VoiceSpec, catalogue
+    from .voices import VoiceSpec, catalogue, mbrola_voice_available
 
     cuda = torch.cuda.is_available()
     gpus = (args.gpus or torch.cuda.device_count()) if cuda else 1
@@ -179,8 +191,14 @@ def run(args: argparse.Namespace) -> int:
 
     def usable(v: VoiceSpec) -> bool:
         kind = "flite" if v.engine == "flite" else "mbrola" if v.base.startswith("mb-") else "espeak"
-        return not probes[kind]
+        if probes[kind]:
+            return False
+        # a carry may bring only some mbrola voices (they cost 3-9 MB each of the 64 MiB a call carries)
+        return kind != "mbrola" or mbrola_voice_available(v.base, os.environ.get("STREAMSCRIBE_ESPEAK_DATA"))
 
+    metrics["voices_left_out"] = [v.key for v in train_v + held_v if not usable(v)]
+    if metrics["voices_left_out"]:
+        logger.warning("voices left out (engine or voice file missing): %s", metrics["voices_left_out"])
     train_v, held_v = [v for v in train_v if usable(v)], [v for v in held_v if usable(v)]
     if not train_v:
         raise RuntimeError(f"no TTS engine works here: {probes}")
@@ -208,18 +226,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         reports = train_data_parallel(tc, gpus, deadline=train_end, hooks=hooks, log_path=str(out / "run.log"))
     except RuntimeError as exc:
-        if (WORK / "train_stats.json").exists():
-            # training ended and rank 0 exported; a failed check after it (e.g. replicas that differ)
-            # is reported with the results instead of throwing away the evaluation
-            logger.error("data-parallel training ended with an error: %s", exc)
-            metrics["data_parallel_error"] = str(exc)
-            reports = []
-        # a data-parallel start that fails (e.g. NCCL on a new machine) should not cost the whole call
-        elif gpus == 1 or train_end - time.time() < 180:
+        action = after_training_failure(gpus, train_end - time.time(), (WORK / "train_stats.json").exists())
+        if action == "raise":
             raise
+        metrics["data_parallel_error"] = str(exc)
+        if action == "evaluate":
+            logger.error("data-parallel training ended with an error: %s", exc)
+            reports = []
         else:
             logger.error("data-parallel training on %d GPUs failed (%s); training on one GPU instead", gpus, exc)
-            metrics["data_parallel_error"] = str(exc)
             gpus = metrics["gpus"] = 1
             reports = train_data_parallel(tc, 1, deadline=train_end, hooks=hooks, log_path=str(out / "run.log"))
     synth.join(timeout=max(1.0, synth_deadline + 60 - time.time()))
