@@ -75,5 +75,8 @@ def test_accented_mbrola_voice_names_find_their_voice_file(tmp_path, monkeypatch
     (tmp_path / "mbrola" / "ro1").write_bytes(b"x")
     assert mbrola_voice_available("mb-ro1-en", str(tmp_path))
     assert not mbrola_voice_available("mb-zz9-en", str(tmp_path))
+    # a data folder of its own (the carried engines) is the only place looked in, even where
+    # Debian's /usr/share/mbrola has the voice: the carried library could not load it from there
+    assert not mbrola_voice_available("mb-us1", str(tmp_path))
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert not mbrola_voice_available("mb-ro1-en", str(tmp_path))  # the voice file alone is not enough

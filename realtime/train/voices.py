@@ -98,9 +98,10 @@ def mbrola_voice_available(name: str, espeak_data: str | None) -> bool:
     short = name.removeprefix("mb-").split("-")[0]  # "mb-ro1-en" uses the voice file ro1
     if which("mbrola") is None:
         return False
-    roots = [Path(p) / "mbrola" for p in (espeak_data, os.environ.get("STREAMSCRIBE_ESPEAK_DATA")) if p]
-    roots += [Path(p) / "espeak-ng-data" / "mbrola" for p in (espeak_data,) if p]
-    roots.append(Path("/usr/share/mbrola"))
+    data = [p for p in (espeak_data, os.environ.get("STREAMSCRIBE_ESPEAK_DATA")) if p]
+    # an espeak-ng data folder of its own (the training machine's carried engines) finds voices only
+    # there; the system library looks in Debian's /usr/share/mbrola
+    roots = [Path(p) / sub for p in data for sub in ("mbrola", "espeak-ng-data/mbrola")] or [Path("/usr/share/mbrola")]
     return any((r / short).is_file() or (r / short / short).is_file() for r in roots)
 
 
