@@ -28,7 +28,7 @@ import soundfile as sf
 
 from realtime.train.espeak import EspeakVoice
 from realtime.train.flite import FliteVoice
-from realtime.train.synth import _engine
+from realtime.train.synth import engine_for
 from realtime.train.text_corpus import read_corpus
 from realtime.train.voices import VoiceSpec, available, catalogue
 
@@ -37,7 +37,7 @@ RATE = 16000
 
 
 def make_clip(voice: VoiceSpec, texts: list[str], seconds: float, rng: np.random.Generator) -> np.ndarray:
-    engine = _engine(voice.engine)
+    engine = engine_for(voice.engine)
     parts, total = [], 0.0
     for text in texts:
         try:
@@ -61,7 +61,7 @@ def write_sentence(voice_key: str, text: str, out: Path) -> None:
     voice = next((v for v in train_v + held_v if v.key == voice_key), None)
     if voice is None:
         raise SystemExit(f"no voice {voice_key!r} in the catalogue (keys look like espeak:en-029+m6, flite:awb)")
-    engine = _engine(voice.engine)
+    engine = engine_for(voice.engine)
     default = FliteVoice(voice.base) if voice.engine == "flite" else EspeakVoice(voice.base)
     audio, _ = engine.synthesize(default, text.split())
     audio = audio * (0.7 / float(np.abs(audio).max()))

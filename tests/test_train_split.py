@@ -78,5 +78,14 @@ def test_accented_mbrola_voice_names_find_their_voice_file(tmp_path, monkeypatch
     # a data folder of its own (the carried engines) is the only place looked in, even where
     # Debian's /usr/share/mbrola has the voice: the carried library could not load it from there
     assert not mbrola_voice_available("mb-us1", str(tmp_path))
+    # what gpu_run trains on: voices of working engines whose voice file the carry brought
+    from realtime.train.voices import VoiceSpec, available
+
+    voices = [VoiceSpec("espeak", "mb-ro1-en", "ro1", False, 1.0), VoiceSpec("espeak", "mb-fr1-en", "fr1", False, 1.0),
+              VoiceSpec("espeak", "en-us", "espeak-formant:en-us", False, 1.0), VoiceSpec("flite", "slt", "slt", True, 1.0)]
+    keys = [v.base for v in available(voices, espeak=True, flite=True, espeak_data=str(tmp_path))]
+    assert keys == ["mb-ro1-en", "en-us", "slt"]
+    assert [v.base for v in available(voices, espeak=True, flite=False, mbrola=False,
+                                      espeak_data=str(tmp_path))] == ["en-us"]
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert not mbrola_voice_available("mb-ro1-en", str(tmp_path))  # the voice file alone is not enough

@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     from .synth import plan_tasks
     from .text_corpus import read_corpus
     from .train import TrainConfig
-    from .voices import VoiceSpec, catalogue, mbrola_voice_available
+    from .voices import VoiceSpec, available, catalogue
 
     cuda = torch.cuda.is_available()
     gpus = (args.gpus or torch.cuda.device_count()) if cuda else 1
@@ -189,17 +189,16 @@ def run(args: argparse.Namespace) -> int:
 
     train_v, held_v = catalogue()
 
-    def usable(v: VoiceSpec) -> bool:
-        kind = "flite" if v.engine == "flite" else "mbrola" if v.base.startswith("mb-") else "espeak"
-        if probes[kind]:
-            return False
-        # a carry may bring only some mbrola voices (they cost 3-9 MB each of the 64 MiB a call carries)
-        return kind != "mbrola" or mbrola_voice_available(v.base, os.environ.get("STREAMSCRIBE_ESPEAK_DATA"))
+    def usable(voices: list[VoiceSpec]) -> list[VoiceSpec]:
+        # a carry may bring only some mbrola voices (3-17 MB each of the 64 MiB a call carries)
+        return available(voices, espeak=not probes["espeak"], flite=not probes["flite"], mbrola=not probes["mbrola"],
+                         espeak_data=os.environ.get("STREAMSCRIBE_ESPEAK_DATA"))
 
-    metrics["voices_left_out"] = [v.key for v in train_v + held_v if not usable(v)]
+    kept = usable(train_v) + usable(held_v)
+    metrics["voices_left_out"] = [v.key for v in train_v + held_v if v not in kept]
     if metrics["voices_left_out"]:
         logger.warning("voices left out (engine or voice file missing): %s", metrics["voices_left_out"])
-    train_v, held_v = [v for v in train_v if usable(v)], [v for v in held_v if usable(v)]
+    train_v, held_v = usable(train_v), usable(held_v)
     if not train_v:
         raise RuntimeError(f"no TTS engine works here: {probes}")
     shards = WORK / "shards"

@@ -107,7 +107,7 @@ class Task:
 _ENGINES: dict[str, object] = {}
 
 
-def _engine(kind: str):  # -> EspeakSynth | FliteSynth (imported lazily)
+def engine_for(kind: str):  # -> EspeakSynth | FliteSynth (imported lazily)
     if kind not in _ENGINES:
         if kind == "espeak":
             from .espeak import EspeakSynth
@@ -123,7 +123,7 @@ def _engine(kind: str):  # -> EspeakSynth | FliteSynth (imported lazily)
 def run_task(task: Task, out_dir: Path) -> tuple[str, int, float, int]:
     """Synthesise one task into `out_dir/<name>.npz`: (name, utterances, seconds of audio, failures)."""
     rng = np.random.default_rng(task.seed)
-    engine = _engine(task.voice.engine)
+    engine = engine_for(task.voice.engine)
     shard = Shard(task.voice.key, task.voice.speaker, task.split)
     failures = 0
     for text in task.texts:

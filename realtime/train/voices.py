@@ -2,9 +2,9 @@
 
 A *speaker* is one recorded person (flite's slt, rms, awb, kal; mbrola's us1, us2, us3, en1 and the
 accented voices of `ACCENTED_MBROLA`) or, for espeak-ng's formant synthesiser, one accent + variant
-pair. The held-out set is disjoint at
-the level that matters for generalisation: the held-out recorded speakers are used by no training
-voice, and the held-out formant voices use accents *and* variants that no training voice uses.
+pair. The held-out set is disjoint at the level that matters for generalisation: the held-out
+recorded speakers are used by no training voice, and the held-out formant voices use accents *and*
+variants that no training voice uses.
 """
 
 from __future__ import annotations
@@ -105,14 +105,16 @@ def mbrola_voice_available(name: str, espeak_data: str | None) -> bool:
     return any((r / short).is_file() or (r / short / short).is_file() for r in roots)
 
 
-def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, espeak_data: str | None = None
-              ) -> list[VoiceSpec]:
+def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, mbrola: bool = True,
+              espeak_data: str | None = None) -> list[VoiceSpec]:
+    """The voices whose engine works (`espeak`, `flite`, `mbrola`: whether each does) and, for mbrola
+    voices, whose voice file is there (a carry may bring only some of them)."""
     out = []
     for v in voices:
         if v.engine == "flite" and not flite:
             continue
-        if v.engine == "espeak" and (not espeak or (v.base.startswith("mb-")
-                                                   and not mbrola_voice_available(v.base, espeak_data))):
+        if v.engine == "espeak" and (not espeak or (v.base.startswith("mb-") and not (
+                mbrola and mbrola_voice_available(v.base, espeak_data)))):
             continue
         out.append(v)
     return out
