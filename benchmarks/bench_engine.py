@@ -93,38 +93,103 @@ class SyntheticStreams:
         for s in self.slots:
             self.runner.release(s)
 
-    def step(self) -> None:
+    def step(self, trace: StepTrace | None = None) -> None:
         r = self.runner
+        if trace is not None:
+            trace.mark("start")
         # host front-end work of a real step: batched log-mel of each stream's new 80 ms
         windows = torch.stack(self.host_mel)
-        mel = r.mel.from_padded(windows, 8).to(r.device, r.dtype)
+        mel = r.log_mel(windows, 8)
+        if trace is not None:
+            trace.mark("mel")
         r.encoder.run(1, mel, self.slots, self.lm_pos)
+        if trace is not None:
+            trace.mark("encoder")
         ids = r.decode(self.slots, self.lm_pos, self.tokens, self.delays)
+        if trace is not None:
+            trace.mark("decode")
         self.tokens = ids.tolist()  # the device -> host sync of a real step
         self.lm_pos = [p + 1 for p in self.lm_pos]
+        if trace is not None:
+            trace.mark("sync")
 
 
-def time_steps(sim: SyntheticStreams, steps: int, warmup: int = 5) -> dict:
+class StepTrace:
+    """Where a step's time goes, to explain slow steps: host wall clock between phases (mel on the
+    host, encoder launch, LM launch, wait for the token ids) and, from CUDA events recorded at the
+    same points, the device time of the encoder and LM parts. Events never synchronise, so the
+    trace leaves the step as it is. Python GC runs during the step are counted too."""
+
+    PHASES = ("mel", "encoder", "decode", "sync")
+
+    def __init__(self) -> None:
+        self.steps: list[dict] = []
+        self._wall: dict[str, float] = {}
+        self._events: dict[str, torch.cuda.Event] = {}
+        self._gc_runs = 0
+        gc.callbacks.append(self._on_gc)
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_runs += 1
+
+    def mark(self, name: str) -> None:
+        self._wall[name] = time.perf_counter()
+        if name in ("mel", "encoder", "decode"):
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._events[name] = ev
+        if name == "start":
+            self._gc_runs = 0
+        if name == "sync":  # the step is over: the events have completed
+            w, e = self._wall, self._events
+            row = {"total_ms": 1e3 * (w["sync"] - w["start"]), "step": len(self.steps)}
+            prev = "start"
+            for ph in self.PHASES:
+                row[f"host_{ph}_ms"] = 1e3 * (w[ph] - w[prev])
+                prev = ph
+            row["dev_encoder_ms"] = e["mel"].elapsed_time(e["encoder"])
+            row["dev_decode_ms"] = e["encoder"].elapsed_time(e["decode"])
+            row["gc_runs"] = self._gc_runs
+            self.steps.append(row)
+
+    def summary(self, slowest: int = 5) -> dict:
+        rows = sorted(self.steps, key=lambda r: r["total_ms"])
+        keys = [k for k in rows[0] if k not in ("total_ms", "step")] if rows else []
+        med = {k: statistics.median(r[k] for r in rows) for k in keys}
+        return {"median_phases": med, "slowest_steps": rows[-slowest:][::-1],
+                "steps_with_gc": sum(1 for r in rows if r["gc_runs"])}
+
+
+def time_steps(sim: SyntheticStreams, steps: int, warmup: int = 5, trace: bool = False) -> dict:
     gc.collect()
     gc.freeze()  # as the engine does: full GC passes over the model's objects would show up as outliers
     try:
-        return _time_steps(sim, steps, warmup)
+        return _time_steps(sim, steps, warmup, StepTrace() if trace else None)
     finally:
         gc.unfreeze()
 
 
-def _time_steps(sim: SyntheticStreams, steps: int, warmup: int) -> dict:
+def _time_steps(sim: SyntheticStreams, steps: int, warmup: int, trace: StepTrace | None) -> dict:
     for _ in range(warmup):
         sim.step()
     torch.cuda.synchronize()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        sim.step()
+        sim.step(trace)
         times.append(time.perf_counter() - t0)
     times.sort()
-    return {"median_ms": 1e3 * statistics.median(times), "p99_ms": 1e3 * times[min(len(times) - 1, int(0.99 * len(times)))],
-            "mean_ms": 1e3 * statistics.fmean(times)}
+    out = {"median_ms": 1e3 * statistics.median(times),
+           "p99_ms": 1e3 * times[min(len(times) - 1, int(0.99 * len(times)))], "mean_ms": 1e3 * statistics.fmean(times),
+           "max_ms": 1e3 * times[-1]}
+    if trace is not None:
+        trace.close()
+        out["trace"] = trace.summary()
+    return out
 
 
 def bench_b1(model, bw: float, steps: int) -> dict:
@@ -147,7 +212,7 @@ def bench_b1(model, bw: float, steps: int) -> dict:
             "ratio_to_floor": t["median_ms"] / floor_ms, "device_ratio_to_floor": statistics.median(dev) / floor_ms}
 
 
-def bench_b2(model, counts: list[int], steps: int, session_s: float) -> tuple[list[dict], int]:
+def bench_b2(model, counts: list[int], steps: int, session_s: float, trace: bool = False) -> tuple[list[dict], int]:
     max_n = max(counts)
     runner = ModelRunner(model, RunnerOptions(max_streams=max_n, max_batch=max_n, max_session_seconds=session_s))
     rows, best = [], 0
@@ -155,7 +220,7 @@ def bench_b2(model, counts: list[int], steps: int, session_s: float) -> tuple[li
     for n in counts:
         ages = [int(session_tokens * (i + 0.5) / n) for i in range(n)]  # ages spread over the session
         sim = SyntheticStreams(runner, n, ages)
-        t = time_steps(sim, steps)
+        t = time_steps(sim, steps, trace=trace)
         sim.release()
         del sim
         rows.append({"streams": n, **t})
@@ -290,6 +355,7 @@ def main() -> int:
     ap.add_argument("--counts", default="1,8,32,64,128,192,256,320")
     ap.add_argument("--paced-seconds", type=float, default=12.0)
     ap.add_argument("--paced-streams", default="", help="comma list: paced runs at these counts (default: B2's best)")
+    ap.add_argument("--trace", action="store_true", help="B2: per-step phase times and the slowest steps")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: b1,b2,paced,b3,b4")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
@@ -325,7 +391,7 @@ def main() -> int:
     counts = [n for n in counts if n <= report["memory"]["admission_limit_session"]]
     best = 0
     if "b2" not in skip:
-        report["B2"], best = bench_b2(model, counts, args.steps, args.session_s)
+        report["B2"], best = bench_b2(model, counts, args.steps, args.session_s, args.trace)
         report["B2_max_streams_p99_le_40ms"] = best
     paced = [int(x) for x in args.paced_streams.split(",") if x] or ([best, max(1, best // 2)] if best else [])
     if True:

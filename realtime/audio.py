@@ -75,18 +75,32 @@ class LogMel:
 
     The arithmetic runs in float64 whatever the output dtype: quiet bins lose several digits to
     cancellation in a float32 FFT, and the front-end costs nothing next to the network.
+    It runs on the device of its input: a GPU engine sends the raw sample windows to the GPU and
+    computes there, because a batched float64 FFT on the host sits on the step's critical path and
+    its time there has a heavy tail (allocator and thread-pool hiccups of tens of milliseconds, seen
+    in the engine benchmark's step trace).
     """
 
     cfg: AudioFrontendConfig
     dtype: torch.dtype = torch.float32
     window: torch.Tensor = field(init=False)
     filters: torch.Tensor = field(init=False)
+    _on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(
+        init=False, default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.window = torch.hann_window(self.cfg.n_fft, dtype=torch.float64)
         self.filters = torch.from_numpy(
             slaney_mel_filters(self.cfg.n_fft, self.cfg.num_mel_bins, self.cfg.sampling_rate, self.cfg.mel_fmax)
         )
+
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(window, filters) on `device`, copied there once."""
+        if device.type == "cpu":
+            return self.window, self.filters
+        if device not in self._on_device:
+            self._on_device[device] = (self.window.to(device), self.filters.to(device))
+        return self._on_device[device]
 
     def samples_needed(self, num_frames: int) -> int:
         return self.cfg.hop_length * (num_frames - 1) + self.cfg.n_fft
@@ -100,10 +114,11 @@ class LogMel:
         need = self.samples_needed(num_frames)
         if padded.shape[-1] < need:
             raise AudioError(f"internal: {num_frames} frames need {need} samples, have {padded.shape[-1]}")
+        window, filters = self._constants(padded.device)
         frames = padded[..., :need].to(torch.float64).unfold(-1, n_fft, hop)  # [..., num_frames, n_fft]
-        spec = torch.fft.rfft(frames * self.window, dim=-1)
+        spec = torch.fft.rfft(frames * window, dim=-1)
         power = spec.real.square() + spec.imag.square()
-        mel = self.filters @ power.transpose(-1, -2)  # [..., n_mels, num_frames]
+        mel = filters @ power.transpose(-1, -2)  # [..., n_mels, num_frames]
         log_spec = torch.clamp(mel, min=1e-10).log10()
         log_spec = torch.clamp(log_spec, min=self.cfg.global_log_mel_max - 8.0)
         return ((log_spec + 4.0) / 4.0).to(self.dtype)
@@ -186,10 +201,14 @@ class IncrementalLogMel:
         start = self._lo + self.cfg.hop_length * self._next_frame - self.cfg.n_fft // 2 - self._first
         return self._buf[start: start + self._mel.samples_needed(n)]
 
-    def compute(self, n: int) -> torch.Tensor:
+    def compute(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """The next `n` frames [num_mel_bins, n], computed on `device` (default: the host)."""
         if n <= 0:
-            return torch.zeros(self.cfg.num_mel_bins, 0, dtype=self._dtype)
-        out = self._mel.from_padded(self.window(n), n)
+            return torch.zeros(self.cfg.num_mel_bins, 0, dtype=self._dtype, device=device)
+        window = self.window(n)
+        if device is not None:
+            window = window.to(device)
+        out = self._mel.from_padded(window, n)
         self.advance(n)
         return out
 

@@ -121,7 +121,7 @@ class StreamingSession:
     def _compute_audio(self, n_tokens: int) -> None:
         mpt = self.cfg.streaming.mel_frames_per_token
         fpt = self.cfg.streaming.downsample_factor
-        mel = self._mel.compute(n_tokens * mpt)[None].to(self._device)
+        mel = self._mel.compute(n_tokens * mpt, self._device)[None]
         start = self._audio_tokens_done * fpt
         pos = torch.arange(start, start + n_tokens * fpt, device=self._device)[None]
         self._enc_cache.begin(pos)

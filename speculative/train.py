@@ -118,7 +118,7 @@ def teacher_forced(model: VoxtralRealtime, audio: np.ndarray, tokens: list[int],
     auds, hids = [], []
     for a in range(0, n_tok, chunk):
         n = min(chunk, n_tok - a)
-        m = mel.compute(n * mpt)[None].to(dev)
+        m = mel.compute(n * mpt, dev)[None]
         epos = torch.arange(a * fpt, (a + n) * fpt, device=dev)[None]
         enc.begin(epos)
         emb, conv = model.encode(m, conv, epos, enc)

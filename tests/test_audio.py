@@ -11,6 +11,7 @@ from conftest import padded_for_offline, synthetic_audio
 from realtime.audio import (
     AudioError,
     IncrementalLogMel,
+    LogMel,
     StreamingResampler,
     as_mono_float32,
     load_audio_file,
@@ -159,3 +160,25 @@ def test_load_audio_file_formats(tmp_path):
     sf.write(tmp_path / "e.wav", np.zeros(0, np.float32), 16000)
     with pytest.raises(AudioError, match="no audio"):
         load_audio_file(tmp_path / "e.wav")
+
+
+@pytest.mark.gpu
+def test_log_mel_on_the_gpu_matches_the_host():
+    """The GPU engine computes its log-mel on the device (LogMel follows its input's device): a batch
+    of sample windows gives the host's float64 result to rounding, and the model-dtype output the same
+    values; the incremental front-end asked for device frames returns them on that device."""
+    g = torch.Generator().manual_seed(5)
+    windows = 0.3 * torch.randn(64, LogMel(CFG).samples_needed(8), generator=g)
+    windows[:8] = 0.0  # silent rows: the clamp at the log floor must agree too
+    exact = LogMel(CFG, torch.float64)
+    host, dev = exact.from_padded(windows, 8), exact.from_padded(windows.cuda(), 8)
+    assert dev.device.type == "cuda" and dev.shape == host.shape == (64, CFG.num_mel_bins, 8)
+    assert torch.allclose(dev.cpu(), host, rtol=0, atol=1e-12)
+    f32 = LogMel(CFG)
+    assert (f32.from_padded(windows.cuda(), 8).cpu() - f32.from_padded(windows, 8)).abs().max() <= 1e-6
+    inc = IncrementalLogMel(CFG)
+    inc.push(torch.from_numpy(synthetic_audio(1.0, seed=3)))
+    ref = IncrementalLogMel(CFG)
+    ref.push(torch.from_numpy(synthetic_audio(1.0, seed=3)))
+    got, want = inc.compute(40, "cuda"), ref.compute(40)
+    assert got.device.type == "cuda" and torch.allclose(got.cpu(), want, rtol=0, atol=1e-6)

@@ -87,5 +87,14 @@ def test_accented_mbrola_voice_names_find_their_voice_file(tmp_path, monkeypatch
     assert keys == ["mb-ro1-en", "en-us", "slt"]
     assert [v.base for v in available(voices, espeak=True, flite=False, mbrola=False,
                                       espeak_data=str(tmp_path))] == ["en-us"]
+    # the mbrola engine is probed with a voice the carry brought (run 8 probed us1 when the carry had
+    # only accented voices, and every mbrola voice was left out)
+    from realtime.train.voices import mbrola_probe_voice
+
+    us1 = VoiceSpec("espeak", "mb-us1", "us1", True, 1.0)
+    assert mbrola_probe_voice([us1] + voices, str(tmp_path)) == "mb-ro1-en"
+    (tmp_path / "mbrola" / "us1").write_bytes(b"x")
+    assert mbrola_probe_voice([us1] + voices, str(tmp_path)) == "mb-us1"
+    assert mbrola_probe_voice(voices[2:], str(tmp_path)) is None
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert not mbrola_voice_available("mb-ro1-en", str(tmp_path))  # the voice file alone is not enough

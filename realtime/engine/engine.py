@@ -3,7 +3,9 @@
 Implements `realtime.serving.TranscriptionEngine`. Client threads only touch small host-side
 state under a lock (a stream's inbox of audio, its flags); the engine thread owns the model, the
 device buffers and the streams' decoding state, and invokes event callbacks. Streams join
-(prefill) and leave between steps.
+and leave between steps. A joining stream gets its prompt's silent prefix from `PromptPrefixCache`
+and runs the rest of its prompt as decode rows, so joins never stall the batch (with speculation
+on, the drafter needs the prompt's hidden states and streams are prefilled eagerly instead).
 
     engine = BatchedEngine(model, tokenizer, opts=RunnerOptions(max_streams=64, max_batch=64))
     engine.start()
@@ -35,6 +37,7 @@ from ..serving import (
 )
 from ..tokenizer import IncrementalDetokenizer, TextTokenizer
 from .model_runner import ModelRunner, RunnerOptions, kv_bytes_per_stream
+from .prompt_prefix import PromptPrefixCache
 from .scheduler import Scheduler
 from .speculation import SpeculativeConfig, Speculator, runner_options_for
 from .stream import EngineStream
@@ -62,6 +65,9 @@ class BatchedEngine:
             self.opts = runner_options_for(self.opts, speculative)
         self.runner = ModelRunner(model, self.opts)
         self.speculator = Speculator(self.runner, speculative) if speculative is not None else None
+        self.prompt_prefix = PromptPrefixCache(self.runner)
+        if self.speculator is None:  # the usual delay's prefix now, not in the first join's step
+            self.prompt_prefix.get(self.config.delay_tokens())
         self.scheduler = Scheduler(self.opts.max_batch, max_prefills_per_step,
                                    self.config.streaming.mel_frames_per_token)
         enc_b, lm_b = kv_bytes_per_stream(model, self.opts)
@@ -175,6 +181,7 @@ class BatchedEngine:
     def _sync_with_clients(self) -> list[EngineStream]:
         """Between steps: joins, leaves, new audio, finish requests. Returns the live streams."""
         live: list[EngineStream] = []
+        joined: list[EngineStream] = []
         with self._lock:
             for sid in list(self._controls):
                 ctl = self._controls[sid]
@@ -188,6 +195,7 @@ class BatchedEngine:
                 if not ctl.joined:
                     self.runner.admit(s.slot)
                     ctl.joined = True
+                    joined.append(s)
                 chunks = list(s.inbox)
                 s.inbox.clear()
                 s.inbox_samples = 0
@@ -197,6 +205,17 @@ class BatchedEngine:
                     self._apply_finish(s)
                 live.append(s)
             self._stats.active_streams = len(self._controls)
+        # joins from the prefix cache unless a drafter needs the prompt's hidden states (eager prefill);
+        # device copies: outside the lock clients take
+        if joined and self.speculator is None:
+            try:
+                self.prompt_prefix.apply(joined)
+                for s in joined:
+                    s.eager_prefill = False
+            except Exception as exc:  # a failed join fails those streams, never the engine
+                logger.exception("joining streams failed")
+                for s in joined:
+                    self._fail_stream(s, f"joining failed: {type(exc).__name__}: {exc}")
         return live
 
     def _apply_finish(self, s: EngineStream) -> None:
@@ -272,6 +291,8 @@ class BatchedEngine:
         for s, toks in zip(plan.decode, decoded):
             for tok in toks:
                 s.lm_pos += 1
+                if s.lm_pos < s.prompt_len:  # a prompt position ran: the next input is the prompt's own
+                    continue
                 self._emit_token(s, int(tok))
                 n_emitted += 1
                 if s.is_finished():  # EOS among accepted tokens: nothing after it is kept

@@ -137,10 +137,14 @@ class ModelRunner:
         windows = torch.stack([s.mel.window(frames) for s in streams])
         for s in streams:
             s.mel.advance(frames)
-        mel = self.mel.from_padded(windows, frames)  # [B, n_mels, frames] float32, on the host
+        return self.log_mel(windows, frames)
+
+    def log_mel(self, windows: torch.Tensor, frames: int) -> torch.Tensor:
+        """Host sample windows [B, N] float32 -> log-mel [B, n_mels, frames] on the device, model dtype.
+        Only the raw samples cross to the device; the FFT runs there (see `LogMel`)."""
         if self.device.type == "cuda":
-            mel = mel.pin_memory().to(self.device, non_blocking=True)
-        return mel.to(self.dtype)
+            windows = windows.pin_memory().to(self.device, non_blocking=True)
+        return self.mel.from_padded(windows, frames).to(self.dtype)
 
     def encode_step(self, streams: list[EngineStream]) -> None:
         """One new audio token for each stream (all already prefilled) -> the encoder cache."""

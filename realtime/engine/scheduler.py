@@ -1,8 +1,9 @@
 """Chooses the streams that run in the next step.
 
-New streams whose whole prompt of audio has arrived are prefilled (a few per step, to bound the
-step time); every prefilled stream with at least one decodable 80 ms audio token runs one LM
-position. When more streams are ready than a step takes, the ones that waited longest go first.
+Streams that join through the prompt-prefix cache are decode rows from the start. Streams that
+need an eager prefill are prefilled once their whole prompt of audio has arrived (a few per step,
+to bound the step time). Every stream past that with at least one decodable 80 ms audio token runs
+one LM position. When more streams are ready than a step takes, the ones that waited longest go first.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Scheduler:
         for s in streams:
             if s.done or s.is_finished():
                 continue
-            if s.lm_pos == 0:
+            if s.eager_prefill and s.lm_pos == 0:
                 if s.audio_done + s.audio_tokens_ready(self.mel_frames_per_token) >= s.prompt_len:
                     ready_prefill.append(s)
             elif s.audio_done > s.lm_pos or s.audio_tokens_ready(self.mel_frames_per_token) > 0:

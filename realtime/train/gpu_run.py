@@ -86,12 +86,18 @@ def _probe(engine: str, voice: str) -> str:
         return repr(exc)
 
 
-def probe_engines() -> dict[str, str]:
+def probe_engines(mbrola_voice: str | None) -> dict[str, str]:
+    """Each engine's error on a two-word test ('' = works); mbrola is tested with a voice the carry has."""
     ctx = mp.get_context("spawn")
     with ctx.Pool(3) as pool:
-        checks = {"espeak": ("espeak", "en-us"), "mbrola": ("espeak", "mb-us1"), "flite": ("flite", "slt")}
+        checks = {"espeak": ("espeak", "en-us"), "flite": ("flite", "slt")}
+        if mbrola_voice is not None:
+            checks["mbrola"] = ("espeak", mbrola_voice)
         res = {k: pool.apply_async(_probe, v) for k, v in checks.items()}
-        return {k: r.get(timeout=120) for k, r in res.items()}
+        out = {k: r.get(timeout=120) for k, r in res.items()}
+    if mbrola_voice is None:
+        out["mbrola"] = "no mbrola voice file or no mbrola program here"
+    return out
 
 
 def _synth_process(tasks: list, out_dir: str, workers: int, deadline: float, stats_path: str) -> None:
@@ -169,7 +175,11 @@ def run(args: argparse.Namespace) -> int:
     (WORK / "train_stats.json").unlink(missing_ok=True)  # written by this run's rank 0 at its end
     setup_engines(carry, WORK)
     install_wheels(carry, WORK)
-    probes = probe_engines()
+    from .voices import VoiceSpec, available, catalogue, mbrola_probe_voice
+
+    train_v, held_v = catalogue()
+    espeak_data = os.environ.get("STREAMSCRIBE_ESPEAK_DATA")
+    probes = probe_engines(mbrola_probe_voice(train_v + held_v, espeak_data))
     metrics["engine_probes"] = probes
     logger.info("engine probes (empty = works): %s", probes)
 
@@ -181,18 +191,15 @@ def run(args: argparse.Namespace) -> int:
     from .synth import plan_tasks
     from .text_corpus import read_corpus
     from .train import TrainConfig
-    from .voices import VoiceSpec, available, catalogue
 
     cuda = torch.cuda.is_available()
     gpus = (args.gpus or torch.cuda.device_count()) if cuda else 1
     metrics["gpus"] = gpus
 
-    train_v, held_v = catalogue()
-
     def usable(voices: list[VoiceSpec]) -> list[VoiceSpec]:
         # a carry may bring only some mbrola voices (3-17 MB each of the 64 MiB a call carries)
         return available(voices, espeak=not probes["espeak"], flite=not probes["flite"], mbrola=not probes["mbrola"],
-                         espeak_data=os.environ.get("STREAMSCRIBE_ESPEAK_DATA"))
+                         espeak_data=espeak_data)
 
     kept = usable(train_v) + usable(held_v)
     metrics["voices_left_out"] = [v.key for v in train_v + held_v if v not in kept]

@@ -105,6 +105,13 @@ def mbrola_voice_available(name: str, espeak_data: str | None) -> bool:
     return any((r / short).is_file() or (r / short / short).is_file() for r in roots)
 
 
+def mbrola_probe_voice(voices: list[VoiceSpec], espeak_data: str | None) -> str | None:
+    """The mbrola voice to test the mbrola engine with: the first one whose voice file is here. (A
+    fixed choice would leave every mbrola voice out of a call whose carry lacks that one voice.)"""
+    return next((v.base for v in voices if v.engine == "espeak" and v.base.startswith("mb-")
+                 and mbrola_voice_available(v.base, espeak_data)), None)
+
+
 def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, mbrola: bool = True,
               espeak_data: str | None = None) -> list[VoiceSpec]:
     """The voices whose engine works (`espeak`, `flite`, `mbrola`: whether each does) and, for mbrola
