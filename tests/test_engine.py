@@ -211,3 +211,43 @@ def test_encoder_step_reads_keys_once_per_token(tiny_ckpt, monkeypatch):
     enc, lm = id(eng.runner.enc_cache), id(eng.runner.lm_cache)
     assert {r for c, r in seen if c == enc} == {model.config.streaming.downsample_factor}
     assert {r for c, r in seen if c == lm} == {1}
+
+
+@pytest.mark.gpu
+def test_no_garbage_collection_while_graphs_are_captured():
+    """Engines sit in reference cycles, so only the GC frees them, and freeing one destroys its CUDA
+    graphs. CUDA forbids that while a stream captures (the capture is invalidated): it happened in
+    the speculative benchmark, which builds engines in turn. So capture collects first and keeps the
+    automatic GC off until it is done."""
+    import gc
+
+    import torch
+
+    from realtime.engine.cuda_graph import DecodeGraphRunner
+
+    x = torch.zeros(4, device="cuda")
+    seen: list[tuple[bool, bool]] = []  # (capturing, gc enabled)
+
+    def forward(b: int) -> None:
+        seen.append((torch.cuda.is_current_stream_capturing(), gc.isenabled()))
+        x[:b] += 1
+
+    class Cycle:
+        pass
+
+    c = Cycle()
+    c.self_reference = c
+    collected = []
+    ref = __import__("weakref").ref(c, lambda _: collected.append(gc.isenabled()))
+    del c
+    assert gc.isenabled()
+    runner = DecodeGraphRunner(forward, 4, torch.device("cuda"))
+    runner.capture()
+    assert ref() is None and collected == [True]  # older garbage went before capture, not during
+    assert [enabled for capturing, enabled in seen if capturing] == [False] * len(runner.buckets)
+    assert any(not capturing for capturing, _ in seen)  # the warm-up ran outside capture
+    assert gc.isenabled()
+    before = x.clone()
+    runner.replay(4)  # the captured graph works
+    torch.cuda.synchronize()
+    assert (x - before).tolist() == [1.0] * 4

@@ -8,6 +8,7 @@ and replays.
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Callable
 
@@ -44,14 +45,24 @@ class DecodeGraphRunner:
             for b in self.buckets:  # warm-up: lazy init, Triton compilation, allocator
                 self.forward(b)
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        # largest first so smaller graphs reuse the memory pool
-        for b in reversed(self.buckets):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                self.forward(b)
-            if self.pool is None:
-                self.pool = g.pool()
-            self.graphs[b] = g
+        # No Python GC while capturing: a collection that frees an older engine destroys its graphs,
+        # which CUDA forbids while a stream captures (the capture is invalidated). Older engines in
+        # reference cycles are collected here, before, instead.
+        gc.collect()
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            # largest first so smaller graphs reuse the memory pool
+            for b in reversed(self.buckets):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self.pool):
+                    self.forward(b)
+                if self.pool is None:
+                    self.pool = g.pool()
+                self.graphs[b] = g
+        finally:
+            if gc_was_on:
+                gc.enable()
         torch.cuda.synchronize(self.device)
         logger.info("captured %d decode graphs (batch buckets %s)", len(self.graphs), self.buckets)
 
