@@ -210,6 +210,11 @@ def run(args: argparse.Namespace) -> int:
         raise RuntimeError(f"no TTS engine works here: {probes}")
     shards = WORK / "shards"
     shutil.rmtree(shards, ignore_errors=True)
+    if (carry / "presynth").is_dir():  # speech synthesised before the call, carried as Opus (presynth.py)
+        from .presynth import unpack as unpack_presynth
+
+        metrics["presynth"] = unpack_presynth(carry / "presynth", shards, (os.cpu_count() or 2) - 1)
+        logger.info("pre-synthesised shards unpacked: %s", metrics["presynth"])
     tasks = plan_tasks(read_corpus(carry / "corpus.tsv.gz"), train_v, held_v, train_hours=args.max_hours,
                        eval_per_voice=args.eval_per_voice, seed=args.seed)
     workers = max(1, (os.cpu_count() or 4) - 1 - gpus)  # one core per trainer, one for this process

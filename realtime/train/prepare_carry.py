@@ -12,7 +12,10 @@ no network and no apt. This folder brings, within the 64 MiB a call may carry (w
   a stub libpcaudio (pcaudio_stub.c) in place of the PulseAudio chain espeak-ng would otherwise pull
   in. Everything links only against glibc (2.34 at most) beyond what is inside;
 - `real/`: pocketsphinx-testdata's recordings with transcripts (evaluation only);
-- `wheels/`: jiwer and rapidfuzz for Python 3.12 (the training machine's Python);
+- `wheels/`: jiwer, rapidfuzz and soundfile (+ cffi, pycparser) for Python 3.12 (the training
+  machine's Python);
+- optionally `presynth/` (made by `python -m realtime.train.presynth pack --out .train_carry/presynth`):
+  speech of voices the carry has no room for, as Opus;
 - `MANIFEST.json`: what came from which Debian package, under which licence, and the sizes.
 Needs, here: apt packages espeak-ng, flite1-dev, mbrola + voices, pocketsphinx-testdata, fortunes,
 wordnet-base, wamerican; gcc; pip.
@@ -40,7 +43,8 @@ FLITE_LIBS = ["libflite.so.1", "libflite_usenglish.so.1", "libflite_cmulex.so.1"
               "libflite_cmu_us_rms.so.1", "libflite_cmu_us_awb.so.1", "libflite_cmu_us_kal16.so.1"]
 SYSTEM_LIBS = ["libespeak-ng.so.1", "libsonic.so.0", "libasound.so.2"] + FLITE_LIBS
 POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")
-WHEELS = ["jiwer==4.0.0", "rapidfuzz==3.14.6"]
+# jiwer for the evaluation; soundfile (bundling libsndfile with Opus) decodes pre-synthesised shards (presynth.py)
+WHEELS = ["jiwer==4.0.0", "rapidfuzz==3.14.6", "soundfile==0.14.0", "cffi==2.1.1", "pycparser==3.12"]
 LICENCES = {
     "espeak-ng": "GPL-3+", "libsonic0": "Apache-2.0", "libasound2": "LGPL-2.1+", "libflite1": "BSD-like (CMU)",
     "mbrola": "AGPL-3 (contrib)", "pocketsphinx-testdata": "BSD-2-Clause",

@@ -52,12 +52,8 @@ class Shard:
         offsets = np.cumsum([0] + [a.size for a in audio]).astype(np.int64)
         times = np.array([[w.start, w.end] for u in self.utterances for w in u.words], np.float32).reshape(-1, 2)
         woff = np.cumsum([0] + [len(u.words) for u in self.utterances]).astype(np.int64)
-        meta = {"voice": self.voice, "speaker": self.speaker, "split": self.split,
-                "texts": [u.text for u in self.utterances]}
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, audio=np.concatenate(audio) if audio else np.zeros(0, np.int16), offsets=offsets,
-                 word_times=times, word_offsets=woff, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
-        os.replace(tmp, path)
+        RawShard(self.voice, self.speaker, self.split, [u.text for u in self.utterances],
+                 np.concatenate(audio) if audio else np.zeros(0, np.int16), offsets, times, woff).save(path)
 
     @staticmethod
     def load(path: Path) -> Shard:
@@ -85,6 +81,14 @@ class RawShard:
     def words(self, i: int) -> list[TimedWord]:
         times = self.word_times[self.word_offsets[i]:self.word_offsets[i + 1]]
         return [TimedWord(w, float(s), float(e)) for w, (s, e) in zip(self.texts[i].split(), times)]
+
+    def save(self, path: Path) -> None:
+        """Written atomically (a trainer may be reading the folder)."""
+        meta = {"voice": self.voice, "speaker": self.speaker, "split": self.split, "texts": self.texts}
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, audio=self.audio, offsets=self.offsets, word_times=self.word_times,
+                 word_offsets=self.word_offsets, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+        os.replace(tmp, path)
 
     @staticmethod
     def load(path: Path) -> RawShard:

@@ -1,0 +1,148 @@
+"""Training speech synthesised here that travels to the training machine as Opus instead of its voices.
+
+    python -m realtime.train.presynth pack --corpus .train_carry/corpus.tsv.gz --out .train_carry/presynth \
+        [--voices mb-us1 mb-us2 mb-ro1-en ...] [--hours 3.5] [--sentences-per-shard 10] [--seed 11]
+
+A training call carries at most 64 MiB with the repository. An mbrola diphone database is 3-8 MB
+even compressed, so a carry brings about six of them; the same room holds hours of Opus speech from
+all seventeen training mbrola speakers. `pack` synthesises training shards here (training voices,
+training sentences: the same `plan_tasks` as the device, held-out voices never) and stores each
+shard with its audio as OGG Opus (16 kHz, ~17 kbps at the default level; the sample count is kept
+exactly, so the word times stay valid). On the training machine `gpu_run` calls `unpack`, which
+decodes them into ordinary shards beside the ones synthesised there. The StreamBatcher draws shards
+uniformly, so the shard size (`--sentences-per-shard`) sets these voices' share of the batches.
+Decoding needs the `soundfile` wheel (with its bundled libsndfile) in the carry's wheels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import logging
+import os
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from .synth import RATE, RawShard, plan_tasks, synthesize
+from .text_corpus import read_corpus
+from .voices import available, catalogue
+
+logger = logging.getLogger(__name__)
+
+SUFFIX = ".opus.npz"
+
+
+def encode_opus(audio: np.ndarray, level: float) -> bytes:
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", RATE, 1, format="OGG", subtype="OPUS", compression_level=level) as f:
+        f.write(audio)
+    return buf.getvalue()
+
+
+def decode_opus(data: bytes) -> np.ndarray:
+    import soundfile as sf
+
+    audio, rate = sf.read(io.BytesIO(data), dtype="int16")
+    if rate != RATE:
+        raise ValueError(f"packed shard at {rate} Hz, expected {RATE}")
+    return audio
+
+
+def pack_shard(src: Path, dst: Path, level: float) -> tuple[int, int]:
+    """One synthesised shard -> `dst` (Opus audio, the rest as stored); (samples, bytes written)."""
+    raw = RawShard.load(src)
+    meta = {"voice": raw.voice, "speaker": raw.speaker, "split": raw.split, "texts": raw.texts}
+    np.savez(dst, opus=np.frombuffer(encode_opus(raw.audio, level), np.uint8), offsets=raw.offsets,
+             word_times=raw.word_times, word_offsets=raw.word_offsets,
+             meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    return int(raw.audio.size), dst.stat().st_size
+
+
+def unpack_shard(src: Path, dst_dir: Path) -> float:
+    """A packed shard -> an ordinary shard in `dst_dir`; returns its seconds of audio."""
+    with np.load(src) as z:
+        meta = json.loads(z["meta"].tobytes().decode())
+        raw = RawShard(meta["voice"], meta["speaker"], meta["split"], meta["texts"],
+                       decode_opus(z["opus"].tobytes()), z["offsets"], z["word_times"], z["word_offsets"])
+    if raw.audio.size != int(raw.offsets[-1]):  # Opus keeps the sample count; never trust a shifted shard
+        raise ValueError(f"{src.name}: decoded {raw.audio.size} samples, the offsets say {int(raw.offsets[-1])}")
+    raw.save(dst_dir / (src.name[: -len(SUFFIX)] + ".npz"))
+    return raw.audio.size / RATE
+
+
+def unpack(src_dir: Path, dst_dir: Path, workers: int) -> dict[str, float]:
+    """Every packed shard of `src_dir` into `dst_dir` (on a process pool)."""
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    files = sorted(src_dir.glob("*" + SUFFIX))
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        seconds = list(pool.map(unpack_shard, files, [dst_dir] * len(files)))
+    return {"shards": len(files), "hours": sum(seconds) / 3600}
+
+
+def pack(args: argparse.Namespace) -> int:
+    train_v, _ = catalogue()  # training voices only: held-out speakers never leave here as training audio
+    wanted = [v for v in train_v if v.base in set(args.voices)]
+    missing = sorted(set(args.voices) - {v.base for v in wanted})
+    if missing:
+        raise SystemExit(f"not training voices of the catalogue: {missing}")
+    voices = available(wanted, espeak=True, flite=True)
+    if len(voices) != len(wanted):
+        raise SystemExit(f"voices not installed here: {sorted({v.base for v in wanted} - {v.base for v in voices})}")
+    tasks = [dataclasses.replace(t, name="pre-" + t.name)
+             for t in plan_tasks(read_corpus(Path(args.corpus)), voices, [], train_hours=args.hours, eval_per_voice=0,
+                                 seed=args.seed, per_task=args.sentences_per_shard) if t.split == "train"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    workers = args.workers or os.cpu_count() or 1
+    with tempfile.TemporaryDirectory() as tmp:
+        stats = synthesize(tasks, Path(tmp), workers)
+        files = sorted(Path(tmp).glob("*.npz"))
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            sizes = list(pool.map(pack_shard, files, [out / (f.stem + SUFFIX) for f in files],
+                                  [args.level] * len(files)))
+    samples, size = sum(s for s, _ in sizes), sum(b for _, b in sizes)
+    index = {"voices": [v.key for v in voices], "shards": len(files), "hours": samples / RATE / 3600,
+             "bytes": size, "kbps": size * 8 / max(samples / RATE, 1e-9) / 1000, "opus_level": args.level,
+             "seed": args.seed, "synthesis": stats}
+    (out / "index.json").write_text(json.dumps(index, indent=2))
+    logger.info("packed %d shards, %.2f h, %.1f MB (%.1f kbps) into %s", len(files), index["hours"], size / 1e6,
+                index["kbps"], out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("pack")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--voices", nargs="+", default=None, help="catalogue base names (default: every mbrola voice)")
+    p.add_argument("--hours", type=float, default=3.5)
+    p.add_argument("--sentences-per-shard", type=int, default=10)
+    p.add_argument("--level", type=float, default=0.95, help="soundfile's Opus compression level (0-1)")
+    p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--workers", type=int, default=0)
+    u = sub.add_parser("unpack")
+    u.add_argument("--src", required=True)
+    u.add_argument("--dst", required=True)
+    u.add_argument("--workers", type=int, default=0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
+    if args.cmd == "unpack":
+        logger.info("%s", unpack(Path(args.src), Path(args.dst), args.workers or os.cpu_count() or 1))
+        return 0
+    if args.voices is None:
+        args.voices = [v.base for v in catalogue()[0] if v.base.startswith("mb-")]
+    return pack(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
