@@ -2,8 +2,8 @@
 
     python benchmarks/make_speech_clips.py --voices heldout --out .bench_audio --seconds 45
     python benchmarks/make_speech_clips.py --voices train --count 40 --out .drafter_audio --seconds 60
-    python benchmarks/make_speech_clips.py --sentence "we need three more chairs" --voice espeak:en-029+m6 \
-        --out demo/samples/heldout_en029_m6.wav
+    python benchmarks/make_speech_clips.py --sentence "she often has to work off the clock" \
+        --voice espeak:en-us-nyc+f4 --out demo/samples/heldout_nyc_f4.wav
 
 `--sentence`: one sentence by one catalogue voice at its default speed and pitch, 1.0 s of silence
 before and 0.5 s after, as a 16 kHz PCM16 WAV (the browser test's held-out sample).
