@@ -2,8 +2,10 @@
 
 Files: `kv_cache` (paged caches, ring block tables, admission arithmetic), `stream` (per-stream
 state), `scheduler` (who runs this step), `attention` (paged / prefill attention backends),
-`model_runner` (buffers and the network steps), `cuda_graph` (decode-step graphs), `engine`
-(thread, client interface, the step loop).
+`model_runner` (buffers and the network steps), `cuda_graph` (decode-step graphs), `lookahead` (the
+encoder step), `prompt_prefix` (joins without a prefill: the prompt's silent prefix from a cache),
+`speculation` (drafts and verification), `offline` (files through the engine), `engine` (thread,
+client interface, the step loop).
 """
 
 from .engine import BatchedEngine

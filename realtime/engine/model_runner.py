@@ -154,7 +154,9 @@ class ModelRunner:
     @torch.no_grad()
     def prefill(self, streams: list[EngineStream]) -> torch.Tensor:
         """Prompts of new streams with the same delay, as one batch: P audio tokens through the
-        encoder, P positions through the LM. Returns the first generated token ids [B] (device)."""
+        encoder, P positions through the LM. Returns the first generated token ids [B] (device).
+        Only the speculative engine joins this way (its drafter reads the prompt's hidden states);
+        the plain engine joins through `prompt_prefix` and never stalls a step with an eager prefill."""
         p = streams[0].prompt_len
         assert all(s.prompt_len == p and s.delay_tokens == streams[0].delay_tokens for s in streams)
         b = len(streams)
