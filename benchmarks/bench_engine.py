@@ -95,30 +95,30 @@ class SyntheticStreams:
 
     def step(self, trace: StepTrace | None = None) -> None:
         r = self.runner
-        if trace is not None:
-            trace.mark("start")
-        # host front-end work of a real step: batched log-mel of each stream's new 80 ms
+        mark = trace.mark if trace is not None else _no_mark
+        mark("start")
+        # front-end work of a real step: the new 80 ms of each stream to the device, batched log-mel there
         windows = torch.stack(self.host_mel)
         mel = r.log_mel(windows, 8)
-        if trace is not None:
-            trace.mark("mel")
+        mark("mel")
         r.encoder.run(1, mel, self.slots, self.lm_pos)
-        if trace is not None:
-            trace.mark("encoder")
+        mark("encoder")
         ids = r.decode(self.slots, self.lm_pos, self.tokens, self.delays)
-        if trace is not None:
-            trace.mark("decode")
+        mark("decode")
         self.tokens = ids.tolist()  # the device -> host sync of a real step
         self.lm_pos = [p + 1 for p in self.lm_pos]
-        if trace is not None:
-            trace.mark("sync")
+        mark("sync")
+
+
+def _no_mark(name: str) -> None:
+    pass
 
 
 class StepTrace:
-    """Where a step's time goes, to explain slow steps: host wall clock between phases (mel on the
-    host, encoder launch, LM launch, wait for the token ids) and, from CUDA events recorded at the
-    same points, the device time of the encoder and LM parts. Events never synchronise, so the
-    trace leaves the step as it is. Python GC runs during the step are counted too."""
+    """Where a step's time goes, to explain slow steps: host wall clock between phases (front-end:
+    sample upload and log-mel launch; encoder launch; LM launch; wait for the token ids) and, from
+    CUDA events recorded at the same points, the device time of the encoder and LM parts. Events
+    never synchronise, so the trace leaves the step as it is. Python GC runs in a step are counted."""
 
     PHASES = ("mel", "encoder", "decode", "sync")
 

@@ -162,6 +162,19 @@ def test_load_audio_file_formats(tmp_path):
         load_audio_file(tmp_path / "e.wav")
 
 
+def test_log_mel_runs_on_the_device_of_its_input():
+    """CPU part of the GPU check below: the window and filters follow the input to its device (here
+    PyTorch's shape-only "meta" device), copied there once, and the output stays there."""
+    mel = LogMel(CFG)
+    x = torch.zeros(3, mel.samples_needed(8), device="meta")
+    out = mel.from_padded(x, 8)
+    assert out.device.type == "meta" and out.shape == (3, CFG.num_mel_bins, 8)
+    window, filters = mel._constants(torch.device("meta"))
+    assert window.device.type == filters.device.type == "meta"
+    assert mel._constants(torch.device("meta"))[0] is window  # cached, not copied per step
+    assert mel._constants(torch.device("cpu"))[0] is mel.window
+
+
 @pytest.mark.gpu
 def test_log_mel_on_the_gpu_matches_the_host():
     """The GPU engine computes its log-mel on the device (LogMel follows its input's device): a batch

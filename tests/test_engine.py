@@ -213,6 +213,38 @@ def test_encoder_step_reads_keys_once_per_token(tiny_ckpt, monkeypatch):
     assert {r for c, r in seen if c == lm} == {1}
 
 
+def test_collected_then_no_gc_guard():
+    """The guard graph capture runs under (CPU part of the check below): garbage in reference cycles
+    is collected on entry, the automatic GC stays off inside, and its previous state comes back."""
+    import gc
+    import weakref
+
+    from realtime.engine.cuda_graph import collected_then_no_gc
+
+    class Cycle:
+        pass
+
+    c = Cycle()
+    c.self_reference = c
+    ref = weakref.ref(c)
+    del c
+    assert gc.isenabled()
+    with collected_then_no_gc():
+        assert ref() is None  # collected before the block
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collected_then_no_gc():
+        raise RuntimeError("a failed capture")
+    assert gc.isenabled()  # restored on errors too
+    gc.disable()
+    try:
+        with collected_then_no_gc():
+            pass
+        assert not gc.isenabled()  # left off when it was off
+    finally:
+        gc.enable()
+
+
 @pytest.mark.gpu
 def test_no_garbage_collection_while_graphs_are_captured():
     """Engines sit in reference cycles, so only the GC frees them, and freeing one destroys its CUDA

@@ -3,6 +3,8 @@ a shard whose audio would no longer match its offsets is refused; held-out voice
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -74,3 +76,38 @@ def test_held_out_voices_are_never_packed(tmp_path):
     with pytest.raises(SystemExit, match="not training voices of the catalogue: \\['mb-us3'\\]"):
         main(["pack", "--corpus", str(tmp_path / "none.tsv.gz"), "--out", str(tmp_path / "o"),
               "--voices", "mb-ro1-en", "mb-us3"])
+
+
+def test_pack_synthesises_training_shards_that_unpack_into_a_corpus(tmp_path):
+    """End to end with a real mbrola voice (CI installs us1): training sentences only, split "train",
+    names that cannot collide with the device's own shards, and a trainer's Corpus reads them."""
+    import json
+    import shutil
+
+    import torch
+
+    from realtime.tokenizer import load_tokenizer
+    from realtime.train.data import Corpus
+    from realtime.train.text_corpus import Sentence, write_corpus
+    from realtime.train.voices import mbrola_voice_available
+
+    if shutil.which("espeak-ng") is None or not mbrola_voice_available("mb-us1", None):
+        pytest.skip("mbrola with the us1 voice is not installed (.ci/install_mbrola.sh installs it)")
+    train = ["please call stella and ask her to bring these things", "we also need a small plastic snake",
+             "six spoons of fresh snow peas", "the birch canoe slid on the smooth planks"]
+    corpus = tmp_path / "corpus.tsv.gz"
+    write_corpus([Sentence("train", "t", t) for t in train] + [Sentence("test", "t", "never trained on this")], corpus)
+    packed, shards = tmp_path / "packed", tmp_path / "shards"
+    assert main(["pack", "--corpus", str(corpus), "--out", str(packed), "--voices", "mb-us1", "--hours", "0.004",
+                 "--sentences-per-shard", "2", "--workers", "1"]) == 0
+    index = json.loads((packed / "index.json").read_text())
+    assert index["voices"] == ["espeak:mb-us1"] and index["shards"] >= 2
+    files = sorted(packed.glob("*" + SUFFIX))
+    assert len(files) == index["shards"] and all(f.name.startswith("pre-train-") for f in files)
+    assert unpack(packed, shards, workers=1)["hours"] == pytest.approx(index["hours"])
+    tok = load_tokenizer(Path(__file__).resolve().parent.parent / "models" / "default")
+    corpus_obj = Corpus(shards, tok, torch.device("cpu"))
+    corpus_obj.refresh()
+    assert set(corpus_obj.voices) == {"espeak:mb-us1"} and corpus_obj.num_utterances >= 2
+    texts = {t for f in shards.glob("*.npz") for t in RawShard.load(f).texts}
+    assert texts <= set(train)  # training sentences only

@@ -43,9 +43,7 @@ class PrefillAttention:
             stream_slots = [stream_slots]
         self.cache = cache
         self.mask = window_mask(positions[None], positions[None], cache.spec.window)
-        # Only the newest positions that fit the ring are written: in a chunk longer than the ring,
-        # older positions would share ring slots with newer ones (and are outside every window).
-        keep = positions > positions[-1] - (cache.width - 1) * cache.spec.block_size
+        keep = positions >= cache.oldest_kept(positions.numel() - 1)  # only what the ring holds
         slot_t = torch.tensor(stream_slots, device=positions.device, dtype=torch.int64)
         slots = cache.slot_mapping(slot_t[:, None].expand(-1, positions.numel()), positions[None].expand(len(stream_slots), -1))
         self.slot_mapping = torch.where(keep[None], slots, torch.full_like(slots, -1)).reshape(-1)

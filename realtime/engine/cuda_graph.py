@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -21,6 +23,23 @@ def batch_buckets(max_batch: int) -> list[int]:
     sizes = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 1024]
     out = [s for s in sizes if s < max_batch]
     return out + [max_batch]
+
+
+@contextmanager
+def collected_then_no_gc() -> Iterator[None]:
+    """Collect garbage now, then keep the automatic GC off until the block ends (as it was before).
+
+    Graph capture needs it: engines sit in reference cycles, so only the GC frees them, and a
+    collection that frees an older engine destroys its CUDA graphs, which CUDA forbids while a
+    stream captures (the capture is invalidated)."""
+    gc.collect()
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 class DecodeGraphRunner:
@@ -45,13 +64,7 @@ class DecodeGraphRunner:
             for b in self.buckets:  # warm-up: lazy init, Triton compilation, allocator
                 self.forward(b)
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        # No Python GC while capturing: a collection that frees an older engine destroys its graphs,
-        # which CUDA forbids while a stream captures (the capture is invalidated). Older engines in
-        # reference cycles are collected here, before, instead.
-        gc.collect()
-        gc_was_on = gc.isenabled()
-        gc.disable()
-        try:
+        with collected_then_no_gc():
             # largest first so smaller graphs reuse the memory pool
             for b in reversed(self.buckets):
                 g = torch.cuda.CUDAGraph()
@@ -60,9 +73,6 @@ class DecodeGraphRunner:
                 if self.pool is None:
                     self.pool = g.pool()
                 self.graphs[b] = g
-        finally:
-            if gc_was_on:
-                gc.enable()
         torch.cuda.synchronize(self.device)
         logger.info("captured %d decode graphs (batch buckets %s)", len(self.graphs), self.buckets)
 

@@ -103,6 +103,12 @@ class PagedKVCache:
             self.tables_host[slot] = -1
             self.tables[slot] = -1
 
+    def oldest_kept(self, newest: int) -> int:
+        """The oldest position a stream's ring still holds when positions up to `newest` are written
+        in one go: in a chunk longer than the ring, older positions would share ring slots with newer
+        ones (and are outside every window), so they are not written."""
+        return max(0, newest + 1 - (self.width - 1) * self.spec.block_size)
+
     def host_slots(self, slot: int, positions: np.ndarray) -> np.ndarray:
         """`slot_mapping` for one stream on the host (int64), from the mirrored ring table."""
         bs = self.spec.block_size

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..attention import masked_attention, window_mask
+from ..attention import DenseAttention
 from ..config import ModelConfig
 from .kv_cache import PagedKVCache
 from .stream import EngineStream
@@ -46,17 +46,17 @@ def silent_prefix_tokens(cfg: ModelConfig, delay_tokens: int) -> int:
     return min(silent_frames // s.mel_frames_per_token, cfg.prompt_length(delay_tokens) - 1)
 
 
-class _RecordingAttention:
-    """Dense causal (windowed) attention over one chunk that keeps each layer's keys and values."""
+class _RecordingAttention(DenseAttention):
+    """Dense attention over one chunk (one stream) that keeps each layer's keys and values."""
 
     def __init__(self, positions: torch.Tensor, window: int | None, num_layers: int) -> None:
-        self.mask = window_mask(positions[None], positions[None], window)
+        super().__init__(positions[None], window)
         self.k: list[torch.Tensor] = [torch.empty(0)] * num_layers
         self.v: list[torch.Tensor] = [torch.empty(0)] * num_layers
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.k[layer], self.v[layer] = k[0].clone(), v[0].clone()  # [T, H, D]
-        return masked_attention(q, k, v, self.mask)
+        return super().attend(layer, q, k, v)
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,8 @@ class PromptPrefixCache:
         k = silent_prefix_tokens(c, delay_tokens)
         fpt, mpt = c.streaming.downsample_factor, c.streaming.mel_frames_per_token
         conv = model.audio_tower.embedder.initial_state(1, dev, model.dtype)
-        empty = PromptPrefix(0, [], [], [], [], conv[0][0], conv[1][0])
-        if k == 0:
-            return empty
+        if k == 0:  # no silent prefix (little or no left padding): the whole prompt runs as decode rows
+            return PromptPrefix(0, [], [], [], [], conv[0][0], conv[1][0])
         silence = torch.zeros(1, r.mel.samples_needed(k * mpt))
         mel = r.log_mel(silence, k * mpt)  # the same front-end as live audio
         enc_pos = torch.arange(k * fpt, device=dev)
@@ -133,11 +132,8 @@ class PromptPrefixCache:
 
 def _write_pages(cache: PagedKVCache, stream_slots: list[int], n: int, ks: list[torch.Tensor],
                  vs: list[torch.Tensor]) -> None:
-    """Positions 0..n-1 into each stream's pages; only those a ring of this width still holds (in a
-    prefix longer than the ring, older positions share ring slots with newer ones and are outside
-    every window)."""
-    bs = cache.spec.block_size
-    first = max(0, n - (cache.width - 1) * bs)
+    """Positions 0..n-1 into each stream's pages (those its ring holds, as a prefill writes them)."""
+    first = cache.oldest_kept(n - 1)
     pos = np.arange(first, n)
     flat = np.concatenate([cache.host_slots(slot, pos) for slot in stream_slots])
     slots = torch.from_numpy(flat).to(cache.k[0].device)

@@ -201,11 +201,11 @@ def run(args: argparse.Namespace) -> int:
         return available(voices, espeak=not probes["espeak"], flite=not probes["flite"], mbrola=not probes["mbrola"],
                          espeak_data=espeak_data)
 
-    kept = usable(train_v) + usable(held_v)
-    metrics["voices_left_out"] = [v.key for v in train_v + held_v if v not in kept]
+    everyone = train_v + held_v
+    train_v, held_v = usable(train_v), usable(held_v)
+    metrics["voices_left_out"] = [v.key for v in everyone if v not in train_v + held_v]
     if metrics["voices_left_out"]:
         logger.warning("voices left out (engine or voice file missing): %s", metrics["voices_left_out"])
-    train_v, held_v = usable(train_v), usable(held_v)
     if not train_v:
         raise RuntimeError(f"no TTS engine works here: {probes}")
     shards = WORK / "shards"

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("%s", unpack(Path(args.src), Path(args.dst), args.workers or os.cpu_count() or 1))
         return 0
     if args.voices is None:
-        args.voices = [v.base for v in catalogue()[0] if v.base.startswith("mb-")]
+        args.voices = [v.base for v in catalogue()[0] if v.is_mbrola]
     return pack(args)
 
 

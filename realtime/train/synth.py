@@ -158,7 +158,7 @@ def plan_tasks(sentences: list[Sentence], voices: list[VoiceSpec], heldout: list
     test_text = [s.text for s in sentences if s.split == "test"]
     tasks: list[Task] = []
     # held-out voices x test sentences, and a few seen voices x test sentences (speaker vs text effect)
-    seen_eval = [v for v in voices if v.engine == "flite" or v.base.startswith("mb-")][:3]
+    seen_eval = [v for v in voices if v.engine == "flite" or v.is_mbrola][:3]
     for split, group in (("heldout", heldout), ("seen", seen_eval)):
         for vi, v in enumerate(group):
             idx = rng.choice(len(test_text), size=min(eval_per_voice, len(test_text)), replace=False)

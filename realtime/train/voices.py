@@ -47,6 +47,11 @@ class VoiceSpec:
     def key(self) -> str:
         return f"{self.engine}:{self.base}"
 
+    @property
+    def is_mbrola(self) -> bool:
+        """An mbrola diphone voice, spoken through espeak-ng (needs its voice file and `mbrola`)."""
+        return self.engine == "espeak" and self.base.startswith("mb-")
+
     def render(self, rng: np.random.Generator) -> EspeakVoice | FliteVoice:
         speed = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))
         if self.engine == "flite":
@@ -108,8 +113,7 @@ def mbrola_voice_available(name: str, espeak_data: str | None) -> bool:
 def mbrola_probe_voice(voices: list[VoiceSpec], espeak_data: str | None) -> str | None:
     """The mbrola voice to test the mbrola engine with: the first one whose voice file is here. (A
     fixed choice would leave every mbrola voice out of a call whose carry lacks that one voice.)"""
-    return next((v.base for v in voices if v.engine == "espeak" and v.base.startswith("mb-")
-                 and mbrola_voice_available(v.base, espeak_data)), None)
+    return next((v.base for v in voices if v.is_mbrola and mbrola_voice_available(v.base, espeak_data)), None)
 
 
 def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, mbrola: bool = True,
@@ -120,8 +124,9 @@ def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, mbrola: boo
     for v in voices:
         if v.engine == "flite" and not flite:
             continue
-        if v.engine == "espeak" and (not espeak or (v.base.startswith("mb-") and not (
-                mbrola and mbrola_voice_available(v.base, espeak_data)))):
+        if v.engine == "espeak" and not espeak:
+            continue
+        if v.is_mbrola and not (mbrola and mbrola_voice_available(v.base, espeak_data)):
             continue
         out.append(v)
     return out
