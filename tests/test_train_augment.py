@@ -1,4 +1,4 @@
-"""VTLP (frequency warp) augmentation: exact when off, moves formants the right way, reproducible."""
+"""VTLP (frequency warp) and spectral-mask augmentation: exact when off, do what they say, reproducible."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from conftest import synthetic_shard
 from realtime.config import AudioFrontendConfig
 from realtime.tokenizer import load_tokenizer
 from realtime.tokenizer_build import NUM_CONTROL_TOKENS, shipped_tekken_ranks, write_tokenizer_json
-from realtime.train.augment import AugmentConfig, augment, draw_warp
+from realtime.train.augment import AugmentConfig, apply_masks, augment, draw_masks, draw_warp, log_mel_floor
 from realtime.train.data import BatchConfig, Corpus, StreamBatcher
 from realtime.train.features import BatchLogMel
 from realtime.train.model_size import SIZES
@@ -73,7 +73,7 @@ def test_band_edge_repeats_the_nyquist_bin_for_alpha_below_one() -> None:
 
 
 def test_draw_warp_is_seeded_and_off_rows_are_exactly_one() -> None:
-    cfg = AugmentConfig()
+    cfg = AugmentConfig(p_warp=0.5, warp=(0.9, 1.1))
 
     def draw(seed: int, c: AugmentConfig = cfg, b: int = 2000) -> torch.Tensor:
         return draw_warp(b, c, torch.Generator().manual_seed(seed), "cpu")
@@ -116,7 +116,7 @@ def _batcher(parts, augment: AugmentConfig) -> StreamBatcher:
 
 @pytest.mark.usefixtures("one_thread")
 def test_warped_batches_are_a_pure_function_of_seed_and_index(batcher_parts) -> None:
-    cfg = AugmentConfig()  # p_warp 0.5
+    cfg = AugmentConfig(p_warp=0.5, p_mask=0.0)
     a = _batcher(batcher_parts, cfg)
     first = a.batch(3)
     other = a.batch(4)
@@ -139,3 +139,74 @@ def test_warped_batches_are_a_pure_function_of_seed_and_index(batcher_parts) -> 
     assert torch.equal(flat.input_ids, first.input_ids)
     for r in range(b):
         assert torch.equal(flat.mel[r], first.mel[r]) != bool(warped[r]), r
+
+
+def _runs(row: torch.Tensor) -> list[int]:
+    """Lengths of the runs of True in a 1-D bool tensor."""
+    runs, n = [], 0
+    for v in row.tolist() + [False]:
+        if v:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return runs
+
+
+def test_draw_masks_is_seeded_bounded_and_off_when_disabled() -> None:
+    cfg = AugmentConfig(p_mask=0.5, freq_masks=2, freq_mask_bins=20, time_mask_every_frames=500,
+                        time_mask_frames=8)
+    b, n_mels, frames = 400, 128, 1200  # 12 s: three time spans per row
+
+    def draw(seed: int, c: AugmentConfig = cfg) -> torch.Tensor:
+        return draw_masks(b, n_mels, frames, c, torch.Generator().manual_seed(seed), "cpu")
+
+    m = draw(3)
+    assert m.shape == (b, n_mels, frames) and m.dtype == torch.bool
+    assert torch.equal(m, draw(3)) and not torch.equal(m, draw(4))
+    masked = m.flatten(1).any(1)
+    assert 0.4 < float(masked.float().mean()) < 0.6  # p_mask 0.5 (a zero-width draw can leave a row clean)
+    freq_rows = m.all(2)  # [b, n_mels]: bins masked over the whole row
+    time_cols = m.all(1)  # [b, frames]
+    for r in range(b):
+        f, t = _runs(freq_rows[r]), _runs(time_cols[r])
+        # bands may overlap and merge into one run; separate runs are single bands
+        assert len(f) <= 2 and sum(f) <= 40 and (len(f) < 2 or max(f) <= 20)
+        assert len(t) <= 3 and sum(t) <= 24 and (len(t) < 3 or max(t) <= 8)
+        # the mask is exactly the union of those bands and spans, nothing else
+        assert torch.equal(m[r], freq_rows[r][:, None] | time_cols[r][None, :])
+    assert float(freq_rows.sum(1).float().mean()) > 10  # widths spread up to 20, not stuck at 0
+    assert not draw(3, AugmentConfig(p_mask=0.0)).any()
+
+
+def test_masked_bins_read_as_silence_and_the_rest_is_untouched() -> None:
+    mel_fn = BatchLogMel(AudioFrontendConfig())
+    x = _noise(3)
+    mel = mel_fn(x)
+    floor = log_mel_floor(AudioFrontendConfig().global_log_mel_max)
+    assert torch.equal(mel[:, :, :20], torch.full_like(mel[:, :, :20], floor))  # the silent lead is the floor
+    masks = draw_masks(3, mel.shape[1], mel.shape[2], AugmentConfig(p_mask=1.0, freq_mask_bins=30),
+                       torch.Generator().manual_seed(0), "cpu")
+    out = apply_masks(mel, masks, floor)
+    assert masks.any() and bool((out[masks] == floor).all())
+    assert torch.equal(out[~masks], mel[~masks])
+    assert NO_AUGMENT.p_mask == 0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_batches_with_masks_differ_only_in_masked_bins(batcher_parts) -> None:
+    cfg = AugmentConfig(p_warp=0.5, p_mask=1.0, freq_mask_bins=30)
+    masked = _batcher(batcher_parts, cfg).batch(5)
+    plain = _batcher(batcher_parts, replace(cfg, p_mask=0.0)).batch(5)
+    assert torch.equal(masked.input_ids, plain.input_ids) and torch.equal(masked.labels, plain.labels)
+    floor = log_mel_floor(AudioFrontendConfig().global_log_mel_max)
+    changed = masked.mel != plain.mel
+    assert changed.any() and bool((masked.mel[changed] == floor).all())
+    # replay the generator (draws depend on shapes only) to get the very masks the batch used
+    b, n_mels, frames = masked.mel.shape
+    n = frames * AudioFrontendConfig().hop_length
+    g = torch.Generator().manual_seed(11 * 1_000_003 + 5)
+    augment(torch.zeros(b, n), torch.ones(b, n, dtype=torch.bool), cfg, g)
+    draw_warp(b, cfg, g, "cpu")
+    masks = draw_masks(b, n_mels, frames, cfg, g, "cpu")
+    assert torch.equal(masked.mel, apply_masks(plain.mel, masks, floor))

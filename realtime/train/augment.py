@@ -11,6 +11,13 @@ is applied inside the log-mel (`BatchLogMel(audio, warp)`): it warps the frequen
 power spectrum by a factor alpha, moving the formants as a longer or shorter vocal tract would, and
 leaves the time axis, hence the word times, untouched.
 
+Spectral masks (SpecAugment, Park et al. 2019) are drawn last (`draw_masks`) and applied to the
+log-mel (`apply_masks`): a few frequency bands and a few short time spans per row are set to the
+log-mel floor, i.e. digital silence in those bins. Frequency masks make the model read a word from
+several parts of the spectrum, so a voice whose energy sits elsewhere (an unseen speaker) still reads;
+the time spans are kept short (at most 80 ms, one per 5 s) because the targets are word-timed: a long
+span would hide a whole word whose token the model must still emit.
+
 Only the user region of each stream is touched: the left/right streaming padding stays exact
 zeros, as the session pushes it at inference.
 """
@@ -33,8 +40,13 @@ class AugmentConfig:
     gain_db: tuple[float, float] = (-18.0, 3.0)
     rt60_s: tuple[float, float] = (0.15, 0.7)
     rate: int = 16000
-    p_warp: float = 0.5  # VTLP: share of rows whose spectrum is warped (see `draw_warp`)
-    warp: tuple[float, float] = (0.9, 1.1)  # frequency warp factor alpha, uniform in this range
+    p_warp: float = 0.6  # VTLP: share of rows whose spectrum is warped (see `draw_warp`)
+    warp: tuple[float, float] = (0.85, 1.15)  # frequency warp factor alpha, uniform in this range
+    p_mask: float = 0.8  # share of rows that get spectral masks (see `draw_masks`)
+    freq_masks: int = 2  # frequency bands per masked row, each up to `freq_mask_bins` wide
+    freq_mask_bins: int = 20
+    time_mask_every_frames: int = 500  # one time span per this many frames (5 s), rounded up
+    time_mask_frames: int = 8  # each at most this many 10 ms frames wide
 
 
 def _uniform(n: int, lo: float, hi: float, g: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -105,3 +117,35 @@ def draw_warp(b: int, cfg: AugmentConfig, g: torch.Generator, device: torch.devi
     on = torch.rand(b, generator=g, device=device) < cfg.p_warp
     alpha = _uniform(b, *cfg.warp, g, device)
     return torch.where(on, alpha, torch.ones_like(alpha))
+
+
+def draw_masks(b: int, n_mels: int, frames: int, cfg: AugmentConfig, g: torch.Generator,
+               device: torch.device | str) -> torch.Tensor:
+    """Spectral masks [b, n_mels, frames], True where `apply_masks` sets the log-mel to its floor.
+
+    A masked row (probability `cfg.p_mask`) gets `cfg.freq_masks` bands of width uniform in
+    [0, freq_mask_bins] and ceil(frames / time_mask_every_frames) spans of width uniform in
+    [0, time_mask_frames], each at a uniform start. Draw after `draw_warp` with the same generator;
+    the number of draws depends on the shape only (no host-side branch on the draws)."""
+    on = torch.rand(b, generator=g, device=device) < cfg.p_mask
+
+    def spans(count: int, width: int, length: int) -> torch.Tensor:  # [b, length] bool
+        w = torch.randint(0, width + 1, (b, count), generator=g, device=device)
+        start = (torch.rand(b, count, generator=g, device=device) * (length - w + 1)).floor().long()
+        pos = torch.arange(length, device=device)
+        hit = (pos[None, None, :] >= start[..., None]) & (pos[None, None, :] < (start + w)[..., None])
+        return hit.any(1)
+
+    freq = spans(cfg.freq_masks, min(cfg.freq_mask_bins, n_mels), n_mels)
+    time = spans(-(-frames // cfg.time_mask_every_frames), min(cfg.time_mask_frames, frames), frames)
+    return (freq[:, :, None] | time[:, None, :]) & on[:, None, None]
+
+
+def log_mel_floor(global_log_mel_max: float) -> float:
+    """The value of a silent bin in the normalised log-mel (`LogMel`: clamp at max - 8, then (x + 4) / 4)."""
+    return (global_log_mel_max - 8.0 + 4.0) / 4.0
+
+
+def apply_masks(mel: torch.Tensor, masks: torch.Tensor, floor: float) -> torch.Tensor:
+    """mel [B, n_mels, T] with the masked bins at `floor` (digital silence), the rest untouched."""
+    return torch.where(masks, torch.full_like(mel, floor), mel)

@@ -20,7 +20,7 @@ import torch
 
 from ..config import ALLOWED_DELAYS_MS, ModelConfig
 from ..tokenizer import TextTokenizer
-from .augment import AugmentConfig, augment, draw_warp
+from .augment import AugmentConfig, apply_masks, augment, draw_masks, draw_warp, log_mel_floor
 from .features import BatchLogMel
 from .synth import RawShard
 from .targets import TargetError, TimedWord, build_input_ids, loss_mask_start
@@ -195,6 +195,9 @@ class StreamBatcher:
         # so a batch without warp (validation) takes the plain log-mel path
         warp = draw_warp(b, bc.augment, g, dev) if bc.augment.p_warp > 0 else None
         mel = self.mel(audio, warp)
+        if bc.augment.p_mask > 0:  # spectral masks last, again gated on the config only
+            masks = draw_masks(b, mel.shape[1], mel.shape[2], bc.augment, g, dev)
+            mel = apply_masks(mel, masks, log_mel_floor(cfg.audio.global_log_mel_max))
         delays = torch.tensor([it[2] for it in items], dtype=torch.long)
         secs = sum(it[3] for it in items) / self.rate
         return Batch(input_ids.to(dev, non_blocking=True), labels.to(dev, non_blocking=True), mel,
