@@ -225,7 +225,7 @@ class Progress:
 def _sample_batch(seqs: list[TeacherSequence], tc: TrainConfig, gen: torch.Generator, dev: torch.device
                   ) -> dict[str, torch.Tensor]:
     """B windows of consecutive positions q: inputs x_q and h_{q-1} (zeros at q = 0, as in the
-    engine's drafter prefill), targets tok_{q+1} and h_q; the loss counts only positions whose
+    engine's drafter prompt prefix), targets tok_{q+1} and h_q; the loss counts only positions whose
     target token was generated (q >= prompt_len - 1)."""
     lengths = torch.tensor([len(s.hidden) for s in seqs], dtype=torch.float64)  # positions 0..T-2
     idx = torch.multinomial(lengths, tc.batch, replacement=True, generator=gen).tolist()

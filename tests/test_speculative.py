@@ -1,7 +1,8 @@
 """Speculative decoding (issue 5): capability contract, lossless outputs in every mode, look-ahead gather.
 
 Every scenario compares the batched engine with speculation to the single-stream session (the
-oracle) token by token. Drafters:
+oracle) or to the batched engine without speculation, token by token; joins are checked against
+what an eager prefill of the prompt gave the drafter. Drafters:
 - `trained`: distilled (briefly) from the tiny target on some clips; on those clips it is mostly
   right, on unseen clips mostly wrong, so acceptance is strictly between 0 and 1.
 - `echo`: constructed so that its prediction depends only on its own position's fused input
@@ -13,6 +14,7 @@ oracle) token by token. Drafters:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import logging
 
@@ -20,10 +22,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import single_thread, synthetic_audio
-from test_engine import Recorder
+from test_engine import Recorder, drive
 
+from realtime.config import load_config
 from realtime.engine import BatchedEngine, RunnerOptions
 from realtime.engine.offline import transcribe_batch
+from realtime.engine.prompt_prefix import RecordingAttention, silent_prefix_tokens
 from realtime.engine.speculation import RealtimeTarget, SpeculativeConfig, Speculator, runner_options_for
 from realtime.loader import CheckpointError, load_model
 from realtime.serving import StreamDone
@@ -39,7 +43,7 @@ from speculative import (
     save_drafter,
     supports_multimodal_embeddings,
 )
-from speculative.train import TrainConfig, train_drafter
+from speculative.train import TrainConfig, teacher_forced, train_drafter
 
 SEEN = [synthetic_audio(3.0, seed=200 + i) for i in range(3)]  # the trained drafter's training clips
 UNSEEN = [synthetic_audio(2.5, seed=300 + i) for i in range(3)]
@@ -102,10 +106,20 @@ def scaled_target(model, alpha: float):
 
 
 def run_scenario(model, tok, drafter, clips, schedules, *, k=4, opts=None, delays=None):
-    """Streams fed by `schedules[i]`: a list of sample counts pushed per engine step (then finish)."""
+    """Streams fed by `schedules[i]`: a list of sample counts pushed per engine step (then finish);
+    every stream's tokens must be the single-stream session's."""
+    delays = delays or [None] * len(clips)
+    eng, tokens = run_streams(model, tok, drafter, clips, schedules, k=k, opts=opts, delays=delays)
+    for i, got in enumerate(tokens):
+        assert got == reference(model, tok, clips[i], delays[i]), f"stream {i}"
+    return eng, eng.stats()
+
+
+def run_streams(model, tok, drafter, clips, schedules, *, k=4, opts=None, delays=None, lookahead_chunk=None):
+    """`run_scenario` without the reference: (the engine, each stream's tokens); drafter None: no speculation."""
     opts = opts or RunnerOptions(max_streams=len(clips), max_batch=len(clips), cuda_graphs=False)
-    eng = BatchedEngine(model, tok, opts=opts,
-                        speculative=SpeculativeConfig(drafter, num_speculative_tokens=k) if drafter else None)
+    spec = SpeculativeConfig(drafter, num_speculative_tokens=k, lookahead_chunk=lookahead_chunk) if drafter else None
+    eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
     rec = Recorder()
     delays = delays or [None] * len(clips)
     sids = [eng.open_stream(rec, delay_ms=d) for d in delays]
@@ -122,12 +136,11 @@ def run_scenario(model, tok, drafter, clips, schedules, *, k=4, opts=None, delay
         eng._run_step(eng._sync_with_clients())
         step += 1
         assert step < 5000
-    for i, sid in enumerate(sids):
+    for sid in sids:
         assert isinstance(rec.done(sid), StreamDone)
-        assert rec.tokens(sid) == reference(model, tok, clips[i], delays[i]), f"stream {i}"
         eng.close_stream(sid)
     eng._sync_with_clients()
-    return eng, eng.stats()
+    return eng, [rec.tokens(sid) for sid in sids]
 
 
 def assert_partial_acceptance(st) -> None:
@@ -355,6 +368,106 @@ def test_max_session_length_with_speculation(target, trained):
     assert got == reference(model, tok, long_clip)[: len(got)]
     assert rec.tokens(short_sid) == reference(model, tok, SEEN[2][:8000])
     assert eng.stats().spec_accepted > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Joins: the drafter's prompt state comes from the prefix cache and the prompt rows
+# ---------------------------------------------------------------------------------------------
+def prefill_drafter_kv(model, drafter, clip, delay_ms) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The drafter's KV at the prompt positions 0..P-1 as the eager prefill wrote it: from the
+    target's dense (teacher-forced) audio embeddings and hidden states, position q reading h_{q-1}
+    and position 0 zeros."""
+    c = model.config
+    delay = c.delay_tokens(delay_ms)
+    prompt = c.prompt_ids(delay)
+    audio, hidden = teacher_forced(model, clip, prompt + [0], delay)  # positions 0..P-1
+    pos = torch.arange(len(prompt))
+    x = drafter.embed_input_ids(torch.tensor(prompt), audio)
+    prev = torch.cat([torch.zeros_like(hidden[:1]), hidden[:-1]])
+    rec = RecordingAttention(pos, drafter.config.sliding_window, drafter.config.num_layers)
+    with torch.no_grad():
+        drafter(x[None], prev[None], pos[None], drafter.t_cond(torch.tensor([delay]))[:, None, :], rec)
+    return rec.k, rec.v
+
+
+@pytest.mark.parametrize(("left_pad_tokens", "small_windows"), [(32, False), (0, False), (32, True)])
+def test_joined_drafter_state_is_what_a_prefill_writes(tiny_ckpt, trained, left_pad_tokens, small_windows):
+    """A stream joins (into a slot another stream used before) with its whole audio buffered: after
+    its last prompt row, the drafter's KV at every prompt position its ring holds equals the eager
+    prefill's, the prefix's positions 0..K-1 and the prompt rows' K..P-1 alike. No left padding:
+    K = 0, and the catch-up of position 0 reads zeros, not the slot's last stream's hidden state.
+    Small windows: a 2-layer drafter with window 6 whose ring wraps inside the prompt (its second
+    layer's keys come from attention over the prefix pages)."""
+    path = tiny_ckpt(seed=1, small_windows=small_windows)
+    cfg = load_config(path)
+    cfg = dataclasses.replace(cfg, streaming=dataclasses.replace(cfg.streaming, n_left_pad_tokens=left_pad_tokens))
+    model, _ = load_model(path, config=cfg)
+    tok = load_tokenizer(path)
+    if small_windows:
+        torch.manual_seed(0)
+        drafter = EagleDrafter(DrafterConfig.for_target(cfg, num_layers=2, sliding_window=6)).eval()
+    else:
+        drafter = copy.deepcopy(trained)
+    opts = RunnerOptions(max_streams=1, max_batch=1, block_size=4 if small_windows else 16, cuda_graphs=False)
+    eng = BatchedEngine(model, tok, opts=opts, speculative=SpeculativeConfig(drafter, 4))
+    sp, rec = eng.speculator, Recorder()
+    before = eng.open_stream(rec, delay_ms=160)  # leaves its drafter KV and hidden states in the slot
+    eng.push_audio(before, UNSEEN[0])
+    eng.finish_stream(before)
+    drive(eng)
+    eng.close_stream(before)
+    eng._sync_with_clients()  # the slot is free again
+    sid = eng.open_stream(rec, delay_ms=480)
+    eng.push_audio(sid, SEEN[1])
+    eng.finish_stream(sid)
+    s = eng._controls[sid].stream
+    n = s.prompt_len
+    assert (silent_prefix_tokens(cfg, s.delay_tokens) > 0) is (left_pad_tokens > 0)
+    for _ in range(n):  # a prompt row per step at most
+        if s.lm_pos >= n or s.done:
+            break
+        eng._run_step(eng._sync_with_clients())
+    assert s.lm_pos >= n and not s.done
+    first = sp.d_cache.oldest_kept(n - 1)  # positions first..n-1 are in the ring, nothing after
+    assert (first > 0) is small_windows
+    rows = torch.from_numpy(sp.d_cache.host_slots(s.slot, np.arange(first, n)))
+    want_k, want_v = prefill_drafter_kv(model, sp.drafter, SEEN[1], 480)
+    for layer in range(sp.drafter.config.num_layers):
+        for cache, want in ((sp.d_cache.k, want_k), (sp.d_cache.v, want_v)):
+            got = cache[layer].view(-1, *want[layer].shape[1:])[rows]
+            torch.testing.assert_close(got, want[layer][first:], atol=2e-5, rtol=1e-4)
+    drive(eng)
+    assert rec.tokens(sid) == reference(model, tok, SEEN[1], 480)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_speculative_engine_equals_plain_engine(tiny_ckpt, trained, dtype):
+    """Both engines join through the prompt-prefix cache and run the rest of the prompt as rows of
+    their steps, so they start every stream from the same caches: equal tokens (streams with
+    different delays, joining and leaving at different steps, live, catching up and whole).
+
+    In bf16 the look-ahead here encodes one token per stream per step, as the plain engine's encoder
+    does (so nothing is drafted), and the tokens are bit-for-bit the plain engine's; with the
+    earlier eager-prefill joins 3 of these 4 streams differed. With the default look-ahead all 4
+    differ in bf16, drafting or not: an encoder call over several tokens or another set of streams
+    rounds the audio embeddings differently (measured on the CPU; each stream alone, with its
+    encoder calls made one token each like the plain engine's, gives the plain engine's tokens
+    while drafting)."""
+    path = tiny_ckpt(seed=1)
+    model, _ = load_model(path, dtype=dtype)
+    tok = load_tokenizer(path)
+    drafter = copy.deepcopy(trained).to(dtype)
+    rng = np.random.default_rng(2)
+    clips = [SEEN[0], UNSEEN[1], SEEN[2], UNSEEN[2][:20000]]
+    schedules = [SCHEDULES["live"](clips[0], rng), SCHEDULES["catch-up"](clips[1], rng), [0] * 30 + [clips[2].size],
+                 [0] * 9 + SCHEDULES["live"](clips[3], rng)]
+    delays = [480, 160, 480, 80]
+    _, plain = run_streams(model, tok, None, clips, schedules, delays=delays)
+    one_token = 1 if dtype == torch.bfloat16 else None
+    eng, spec = run_streams(model, tok, drafter, clips, schedules, delays=delays, lookahead_chunk=one_token)
+    assert spec == plain
+    if dtype == torch.float32:
+        assert_partial_acceptance(eng.stats())
 
 
 def test_offline_cli_with_drafter(target, tiny_ckpt, tmp_path, capsys):

@@ -1,7 +1,7 @@
 """The batched realtime engine: many streams per step, paged sliding-window KV, CUDA graphs.
 
 Files: `kv_cache` (paged caches, ring block tables, admission arithmetic), `stream` (per-stream
-state), `scheduler` (who runs this step), `attention` (paged / prefill attention backends),
+state), `scheduler` (who runs this step), `attention` (the paged attention backend),
 `model_runner` (buffers and the network steps), `cuda_graph` (decode-step graphs), `lookahead` (the
 encoder step), `prompt_prefix` (joins without a prefill: the prompt's silent prefix from a cache),
 `speculation` (drafts and verification), `offline` (files through the engine), `engine` (thread,

@@ -4,8 +4,9 @@ Implements `realtime.serving.TranscriptionEngine`. Client threads only touch sma
 state under a lock (a stream's inbox of audio, its flags); the engine thread owns the model, the
 device buffers and the streams' decoding state, and invokes event callbacks. Streams join
 and leave between steps. A joining stream gets its prompt's silent prefix from `PromptPrefixCache`
-and runs the rest of its prompt as decode rows, so joins never stall the batch (with speculation
-on, the drafter needs the prompt's hidden states and streams are prefilled eagerly instead).
+(with speculation on, the drafter's prefix too: `Speculator.join`) and runs the rest of its prompt
+as decode rows, so joins never stall the batch, and the engine with and without speculation start
+every stream from the same caches.
 
     engine = BatchedEngine(model, tokenizer, opts=RunnerOptions(max_streams=64, max_batch=64))
     engine.start()
@@ -56,8 +57,7 @@ class _Control:
 
 class BatchedEngine:
     def __init__(self, model: VoxtralRealtime, tokenizer: TextTokenizer, *, opts: RunnerOptions | None = None,
-                 model_name: str = "default", max_prefills_per_step: int = 16,
-                 speculative: SpeculativeConfig | None = None) -> None:
+                 model_name: str = "default", speculative: SpeculativeConfig | None = None) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, model.config
         self.model_name = model_name
         self.opts = opts or RunnerOptions()
@@ -66,10 +66,12 @@ class BatchedEngine:
         self.runner = ModelRunner(model, self.opts)
         self.speculator = Speculator(self.runner, speculative) if speculative is not None else None
         self.prompt_prefix = PromptPrefixCache(self.runner)
-        if self.speculator is None:  # the usual delay's prefix now, not in the first join's step
-            self.prompt_prefix.get(self.config.delay_tokens())
-        self.scheduler = Scheduler(self.opts.max_batch, max_prefills_per_step,
-                                   self.config.streaming.mel_frames_per_token)
+        delay = self.config.delay_tokens()  # the usual delay's prefixes now, not in the first join's step
+        if self.speculator is not None:
+            self.speculator.prefix(self.prompt_prefix.get(delay), delay)
+        else:
+            self.prompt_prefix.get(delay)
+        self.scheduler = Scheduler(self.opts.max_batch, self.config.streaming.mel_frames_per_token)
         enc_b, lm_b = kv_bytes_per_stream(model, self.opts)
         self.kv_bytes_per_stream = enc_b + lm_b
         self._lock = threading.Lock()
@@ -205,13 +207,12 @@ class BatchedEngine:
                     self._apply_finish(s)
                 live.append(s)
             self._stats.active_streams = len(self._controls)
-        # joins from the prefix cache unless a drafter needs the prompt's hidden states (eager prefill);
-        # device copies: outside the lock clients take
-        if joined and self.speculator is None:
+        # joins from the prefix cache (device copies: outside the lock clients take)
+        if joined:
             try:
                 self.prompt_prefix.apply(joined)
-                for s in joined:
-                    s.eager_prefill = False
+                if self.speculator is not None:
+                    self.speculator.join(joined, self.prompt_prefix)
             except Exception as exc:  # a failed join fails those streams, never the engine
                 logger.exception("joining streams failed")
                 for s in joined:
@@ -251,43 +252,27 @@ class BatchedEngine:
             return bool(ended)
         t0 = time.perf_counter()
         try:
-            groups: dict[int, list[EngineStream]] = {}
-            for s in plan.prefill:  # one batched prefill per prompt length (delay)
-                groups.setdefault(s.delay_tokens, []).append(s)
-            plan.prefill = [s for g in groups.values() for s in g]
-            first_ids = []
-            for g in groups.values():
-                first_ids.append(self.runner.prefill(g))
-                if self.speculator is not None:
-                    audio, hidden = self.runner.last_prefill
-                    for i, s in enumerate(g):
-                        self.speculator.prefill(s, audio[i], hidden[i])
-            ids = None
-            if plan.decode and self.speculator is not None:
+            if self.speculator is not None:
                 ids = self.speculator.step(plan.decode)  # look-ahead encoding, drafts, verify
-            elif plan.decode:
+            else:
                 need_audio = [s for s in plan.decode if s.audio_done <= s.lm_pos]
                 if need_audio:
                     self.runner.encode_step(need_audio)
                 ids = self.runner.decode_step(plan.decode)
-            outs = [t.reshape(-1) for t in first_ids] + ([ids] if ids is not None else [])
-            host = torch.cat(outs).tolist()  # the one device -> host transfer of the step
+            host = ids.tolist()  # the one device -> host transfer of the step
         except Exception as exc:  # a failing step fails its streams, never the engine
             logger.exception("engine step failed")
-            for s in plan.prefill + plan.decode:
+            for s in plan.decode:
                 self._fail_stream(s, f"engine step failed: {type(exc).__name__}: {exc}")
             return True
         dt = time.perf_counter() - t0
-        n_pre = len(plan.prefill)
-        if self.speculator is not None and plan.decode:
-            # per stream: its accepted drafts and the target's token after them
-            decoded = self.speculator.accept(plan.decode, host[n_pre:])
+        if self.speculator is not None:
+            # per stream: its accepted drafts and the target's token after them (one token, no
+            # drafts, for a prompt row)
+            decoded = self.speculator.accept(plan.decode, host)
         else:
-            decoded = [[tok] for tok in host[n_pre:]]
-        for s, tok in zip(plan.prefill, host[:n_pre]):
-            s.lm_pos = s.prompt_len
-            self._emit_token(s, int(tok))
-        n_emitted = n_pre
+            decoded = [[tok] for tok in host]
+        n_emitted = 0
         for s, toks in zip(plan.decode, decoded):
             for tok in toks:
                 s.lm_pos += 1
@@ -303,7 +288,7 @@ class BatchedEngine:
             self._stats.step_seconds.append(dt)
             del self._stats.step_seconds[:-4096]
             self._stats.tokens_emitted += n_emitted
-        for s in plan.prefill + plan.decode:
+        for s in plan.decode:
             if s.is_finished() and not s.done:
                 self._end_stream(s)
         return True

@@ -1,4 +1,4 @@
-"""Runs the network for a batch of streams: persistent buffers, paged caches, prefill, encoder and LM steps.
+"""Runs the network for a batch of streams: persistent buffers, paged caches, encoder and LM steps.
 
 Per step (DESIGN §4): the new 80 ms audio token of every scheduled stream goes through the
 batched incremental encoder (conv stem with per-stream state, paged sliding-window attention), its
@@ -20,7 +20,7 @@ from kernels.gather_add import gather_add_embeddings
 
 from ..audio import LogMel
 from ..model import VoxtralRealtime
-from .attention import PagedAttention, PrefillAttention
+from .attention import PagedAttention
 from .cuda_graph import DecodeGraphRunner
 from .kv_cache import CacheSpec, PagedKVCache
 from .lookahead import LookaheadEncoder
@@ -53,7 +53,7 @@ def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[in
 def _cache_specs(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[CacheSpec, CacheSpec]:
     c = model.config
     fpt = c.streaming.downsample_factor
-    # prefill chunks attend densely within themselves, so the rings only cover decode-step queries
+    # the prompt prefix is computed densely and copied in, so the rings only cover decode-step queries
     enc = CacheSpec(c.encoder.num_layers, c.encoder.num_heads, c.encoder.head_dim, opts.block_size,
                     c.encoder.sliding_window, max_q_len=fpt * opts.max_step_tokens)
     lm = CacheSpec(c.decoder.num_layers, c.decoder.num_kv_heads, c.decoder.head_dim, opts.block_size,
@@ -147,41 +147,8 @@ class ModelRunner:
         return self.mel.from_padded(windows, frames).to(self.dtype)
 
     def encode_step(self, streams: list[EngineStream]) -> None:
-        """One new audio token for each stream (all already prefilled) -> the encoder cache."""
+        """One new audio token for each stream (all joined) -> the encoder cache."""
         self.encoder.encode([(s, 1) for s in streams])
-
-    # -- prefill -------------------------------------------------------------------------------
-    @torch.no_grad()
-    def prefill(self, streams: list[EngineStream]) -> torch.Tensor:
-        """Prompts of new streams with the same delay, as one batch: P audio tokens through the
-        encoder, P positions through the LM. Returns the first generated token ids [B] (device).
-        Only the speculative engine joins this way (its drafter reads the prompt's hidden states);
-        the plain engine joins through `prompt_prefix` and never stalls a step with an eager prefill."""
-        p = streams[0].prompt_len
-        assert all(s.prompt_len == p and s.delay_tokens == streams[0].delay_tokens for s in streams)
-        b = len(streams)
-        fpt = self.cfg.streaming.downsample_factor
-        dev = self.device
-        slots = [s.slot for s in streams]
-        slot_t = torch.tensor(slots, device=dev, dtype=torch.int64)
-        mel = self._mel_batch(streams, p)
-        state = (self.conv1_state.index_select(0, slot_t), self.conv2_state.index_select(0, slot_t))
-        frames, (s1, s2) = self.model.audio_tower.embedder(mel, state)
-        self.conv1_state.index_copy_(0, slot_t, s1)
-        self.conv2_state.index_copy_(0, slot_t, s2)
-        enc_pos = torch.arange(p * fpt, device=dev)
-        hidden = self.model.audio_tower(frames, enc_pos[None].expand(b, -1), PrefillAttention(self.enc_cache, slots, enc_pos))
-        audio = self.model.multi_modal_projector(hidden)  # [B, P, H]
-        for s in streams:
-            s.audio_done = p
-        ids = torch.tensor([s.prompt for s in streams], device=dev)
-        pos = torch.arange(p, device=dev)
-        delay = torch.tensor([streams[0].delay_tokens], device=dev)
-        out = self.model.decode(self.model.embed_tokens(ids) + audio, pos[None].expand(b, -1),
-                                self.model.t_cond(delay)[:, None, :], PrefillAttention(self.lm_cache, slots, pos),
-                                self.model.ada_scales_for(delay))
-        self.last_prefill = (audio, out)  # [B, P, H] each: the drafter's prompt needs both
-        return self.model.logits(out[:, -1]).argmax(-1)
 
     # -- LM decode step ------------------------------------------------------------------------
     def _decode_forward(self, b: int) -> None:

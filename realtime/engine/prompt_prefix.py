@@ -11,6 +11,11 @@ rows of the graph-replayed decode steps, one per step as that audio arrives, the
 discarded until the last prompt position. A join therefore costs a few small copies instead of an
 eager prefill that stalls every other stream (the paced benchmark's join-phase p99).
 
+The prefix also keeps the audio embeddings and the target's final hidden states of its positions:
+with speculation on, the Eagle drafter's prefix KV is made from them once per delay
+(`speculation.Speculator.join`), and the prompt rows hand their hidden states to the drafter
+through the speculative step's catch-up like any other row.
+
 Audio token t reads mel frames 8t..8t+7; frame f reads stream samples [hop*f - n_fft/2,
 hop*f + n_fft/2). The conv stem and the encoder attention are causal, and the log-mel is normalised
 by a constant, so token t is silent-only when its last frame ends inside the left padding.
@@ -46,7 +51,7 @@ def silent_prefix_tokens(cfg: ModelConfig, delay_tokens: int) -> int:
     return min(silent_frames // s.mel_frames_per_token, cfg.prompt_length(delay_tokens) - 1)
 
 
-class _RecordingAttention(DenseAttention):
+class RecordingAttention(DenseAttention):
     """Dense attention over one chunk (one stream) that keeps each layer's keys and values."""
 
     def __init__(self, positions: torch.Tensor, window: int | None, num_layers: int) -> None:
@@ -68,6 +73,8 @@ class PromptPrefix:
     lm_v: list[torch.Tensor]
     conv1_state: torch.Tensor  # the conv stem's state after the prefix's mel frames
     conv2_state: torch.Tensor
+    audio: torch.Tensor  # [K, H] audio embeddings of the prefix positions
+    hidden: torch.Tensor  # [K, H] the target's final hidden states there (what decides token q+1)
 
 
 class PromptPrefixCache:
@@ -88,21 +95,22 @@ class PromptPrefixCache:
         fpt, mpt = c.streaming.downsample_factor, c.streaming.mel_frames_per_token
         conv = model.audio_tower.embedder.initial_state(1, dev, model.dtype)
         if k == 0:  # no silent prefix (little or no left padding): the whole prompt runs as decode rows
-            return PromptPrefix(0, [], [], [], [], conv[0][0], conv[1][0])
+            none = torch.zeros(0, c.decoder.hidden_size, device=dev, dtype=model.dtype)
+            return PromptPrefix(0, [], [], [], [], conv[0][0], conv[1][0], none, none)
         silence = torch.zeros(1, r.mel.samples_needed(k * mpt))
         mel = r.log_mel(silence, k * mpt)  # the same front-end as live audio
         enc_pos = torch.arange(k * fpt, device=dev)
-        enc = _RecordingAttention(enc_pos, c.encoder.sliding_window, c.encoder.num_layers)
+        enc = RecordingAttention(enc_pos, c.encoder.sliding_window, c.encoder.num_layers)
         audio, (s1, s2) = model.encode(mel, conv, enc_pos[None], enc)
         pos = torch.arange(k, device=dev)
-        lm = _RecordingAttention(pos, c.decoder.sliding_window, c.decoder.num_layers)
+        lm = RecordingAttention(pos, c.decoder.sliding_window, c.decoder.num_layers)
         delay = torch.tensor([delay_tokens], device=dev)
         ids = torch.tensor([c.prompt_ids(delay_tokens)[:k]], device=dev)
-        model.decode(model.embed_tokens(ids) + audio, pos[None], model.t_cond(delay)[:, None, :], lm,
-                     model.ada_scales_for(delay))
+        hidden = model.decode(model.embed_tokens(ids) + audio, pos[None], model.t_cond(delay)[:, None, :], lm,
+                              model.ada_scales_for(delay))
         logger.info("prompt prefix for delay %d: %d of %d prompt positions from cache", delay_tokens, k,
                     c.prompt_length(delay_tokens))
-        return PromptPrefix(k, enc.k, enc.v, lm.k, lm.v, s1[0], s2[0])
+        return PromptPrefix(k, enc.k, enc.v, lm.k, lm.v, s1[0], s2[0], audio[0], hidden[0])
 
     @torch.no_grad()
     def apply(self, streams: list[EngineStream]) -> None:
@@ -122,17 +130,17 @@ class PromptPrefixCache:
         r.conv1_state.index_copy_(0, slots, p.conv1_state.expand(len(group), -1, -1).contiguous())
         r.conv2_state.index_copy_(0, slots, p.conv2_state.expand(len(group), -1, -1).contiguous())
         if p.tokens:
-            _write_pages(r.enc_cache, [s.slot for s in group], p.tokens * fpt, p.enc_k, p.enc_v)
-            _write_pages(r.lm_cache, [s.slot for s in group], p.tokens, p.lm_k, p.lm_v)
+            write_pages(r.enc_cache, [s.slot for s in group], p.tokens * fpt, p.enc_k, p.enc_v)
+            write_pages(r.lm_cache, [s.slot for s in group], p.tokens, p.lm_k, p.lm_v)
         for s in group:
             if p.tokens:
                 s.mel.advance(p.tokens * mpt)
             s.audio_done = s.lm_pos = p.tokens
 
 
-def _write_pages(cache: PagedKVCache, stream_slots: list[int], n: int, ks: list[torch.Tensor],
-                 vs: list[torch.Tensor]) -> None:
-    """Positions 0..n-1 into each stream's pages (those its ring holds, as a prefill writes them)."""
+def write_pages(cache: PagedKVCache, stream_slots: list[int], n: int, ks: list[torch.Tensor],
+                vs: list[torch.Tensor]) -> None:
+    """Positions 0..n-1 into each stream's pages (those its ring holds: `PagedKVCache.oldest_kept`)."""
     first = cache.oldest_kept(n - 1)
     pos = np.arange(first, n)
     flat = np.concatenate([cache.host_slots(slot, pos) for slot in stream_slots])

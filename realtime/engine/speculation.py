@@ -1,7 +1,13 @@
 """Lossless speculative decoding in the batched engine: Eagle drafts with audio, one verify step.
 
 Off by default (`BatchedEngine(..., speculative=SpeculativeConfig(drafter))` turns it on). When on,
-every decode step of every scheduled stream goes through `Speculator.step`:
+streams join exactly as without it (`prompt_prefix`): the target's caches for the prompt's silent
+prefix (positions 0..K-1) come from the prefix cache, and so does the drafter's KV there
+(`Speculator.join`: computed once per delay from the prefix's audio embeddings and target hidden
+states, as a prefill would write it). The remaining prompt positions run as rows of the
+speculative step without drafts (their next inputs are prompt tokens, not the target's choice);
+their hidden states reach the drafter through the catch-up below like those of any other row.
+Every decode step of every scheduled stream goes through `Speculator.step`:
 
 1. Look-ahead encoding (`lookahead.LookaheadEncoder`): streams with buffered audio get several
    audio tokens encoded per step, so the embeddings of positions p .. p+k are in the encoder
@@ -31,7 +37,9 @@ captured on padding rows of persistent buffers, like the decode graphs. A step's
 (positions, slot mappings computed on the host from host copies of the rings, cache rows, block
 tables) arrives in one host-to-device copy per dtype (`staging`); the target's input merge (drafts
 into the tokens, gather-add) runs before the verify replay. Eager work per step: that copy, three
-small kernels and the gather-add.
+small kernels and the gather-add. A join writes the drafter's prefix pages and stash row in place,
+between steps (as the target's prefix pages are written): no buffer a graph reads moves or changes
+shape, and a prompt row is laid out like any row without drafts.
 """
 
 from __future__ import annotations
@@ -48,11 +56,12 @@ from kernels.gather_add import gather_add_embeddings
 from speculative.capability import drafter_receives_audio  # the capability contract (torch-only module)
 
 from ..model import VoxtralRealtime
-from .attention import PagedAttention, PrefillAttention
+from .attention import PagedAttention
 from .cuda_graph import DecodeGraphRunner
 from .kv_cache import CacheSpec, PagedKVCache
 from .lookahead import chunk_sizes
 from .model_runner import ModelRunner, RunnerOptions
+from .prompt_prefix import PromptPrefix, PromptPrefixCache, RecordingAttention, write_pages
 from .staging import Field, StepMetadata
 from .stream import EngineStream
 
@@ -136,6 +145,18 @@ class SpeculationMetrics:
                 "per_position_acceptance": self.per_position_acceptance}
 
 
+@dataclass(frozen=True)
+class DrafterPrefix:
+    """The drafter's state after the prompt's silent prefix (positions 0..K-1), the same for every
+    stream of a delay: its KV there, and the target's hidden state h_{K-1} that the first catch-up
+    (position K) reads."""
+
+    tokens: int  # K
+    k: list[torch.Tensor]  # per drafter layer [K, H_kv, D]
+    v: list[torch.Tensor]
+    last_hidden: torch.Tensor  # [H]: h_{K-1}; zeros when K = 0 (position 0 reads no hidden state)
+
+
 @dataclass
 class _Plan:
     """Host-side layout of one speculative step."""
@@ -180,6 +201,7 @@ class Speculator:
             self.d_cache.admit(slot)
         self.kv_bytes_per_stream = width * spec.bytes_per_block(dt)
         self.prev_pos = [0] * opts.max_streams  # per slot: the drafter is exact up to here; stash base
+        self._prefixes: dict[int, DrafterPrefix] = {}  # by delay
         self.lookahead = runner.encoder  # built by the runner with this speculation's chunk size
         self.chunk = self.lookahead.max_chunk
 
@@ -287,22 +309,49 @@ class Speculator:
         return lim  # type: ignore[return-value]
 
     @torch.no_grad()
-    def prefill(self, s: EngineStream, audio: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Drafter KV for the prompt, from the target's prefill audio and hidden states [P, H].
+    def join(self, streams: list[EngineStream], prefixes: PromptPrefixCache) -> None:
+        """Drafter state of newly joined streams, which `prefixes` has just put at position K.
 
-        Position q reads h_{q-1}; position 0 has none and reads zeros (as in training). Every
-        position the drafter can attend to is written, so nothing of a slot's previous stream leaks
-        in. The last hidden state seeds the first catch-up."""
-        d, dev = self.drafter, self.device
-        n = s.prompt_len
-        pos = torch.arange(n, device=dev)
-        ids = torch.tensor(s.prompt, device=dev)
-        x = d.embed_input_ids(ids, audio[:n] if self.drafter_audio else None)
-        prev_hidden = torch.cat([torch.zeros_like(hidden[:1]), hidden[: n - 1]])
-        t_cond = d.t_cond(torch.tensor([s.delay_tokens], device=dev))[:, None, :]
-        d(x[None], prev_hidden[None], pos[None], t_cond, PrefillAttention(self.d_cache, s.slot, pos))
-        self.stash[s.slot * (self.k + 1)] = hidden[n - 1]
-        self.prev_pos[s.slot] = n - 1
+        The state is exactly what a prefill of positions 0..K-1 would leave: their drafter KV
+        (one copy per layer for all streams of a delay, as the target's prefix pages), h_{K-1} in
+        stash row 0 and prev_pos K-1, so the first step's catch-up runs position K reading h_{K-1}.
+        Positions >= K are written by catch-ups before any query reads them, so nothing of a slot's
+        previous stream leaks in."""
+        by_delay: dict[int, list[EngineStream]] = {}
+        for s in streams:
+            by_delay.setdefault(s.delay_tokens, []).append(s)
+        for delay, group in by_delay.items():
+            p = self.prefix(prefixes.get(delay), delay)
+            slots = [s.slot for s in group]
+            if p.tokens:
+                write_pages(self.d_cache, slots, p.tokens, p.k, p.v)
+            rows = torch.tensor(slots, device=self.device) * (self.k + 1)
+            self.stash.index_copy_(0, rows, p.last_hidden.expand(len(group), -1).contiguous())
+            for s in group:
+                self.prev_pos[s.slot] = p.tokens - 1
+
+    @torch.no_grad()
+    def prefix(self, target: PromptPrefix, delay_tokens: int) -> DrafterPrefix:
+        """The drafter's prefix for a delay (computed on first use), from the target's prefix.
+
+        Position q reads x_q = embed(prompt_q) (+ audio_q) and h_{q-1}; position 0 has no h_{-1}
+        and reads zeros (as in training)."""
+        if delay_tokens in self._prefixes:
+            return self._prefixes[delay_tokens]
+        d, dev, n = self.drafter, self.device, target.tokens
+        if n == 0:
+            p = DrafterPrefix(0, [], [], torch.zeros(d.config.hidden_size, device=dev, dtype=self.dtype))
+        else:
+            pos = torch.arange(n, device=dev)
+            ids = torch.tensor(self.runner.cfg.prompt_ids(delay_tokens)[:n], device=dev)
+            x = d.embed_input_ids(ids, target.audio if self.drafter_audio else None)
+            prev_hidden = torch.cat([torch.zeros_like(target.hidden[:1]), target.hidden[:-1]])
+            t_cond = d.t_cond(torch.tensor([delay_tokens], device=dev))[:, None, :]
+            rec = RecordingAttention(pos, d.config.sliding_window, d.config.num_layers)
+            d(x[None], prev_hidden[None], pos[None], t_cond, rec)
+            p = DrafterPrefix(n, rec.k, rec.v, target.hidden[-1])
+        self._prefixes[delay_tokens] = p
+        return p
 
     # -- one step -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -335,6 +384,11 @@ class Speculator:
             decodable = min(s.audio_done, self.last_position(s) + 1) - s.lm_pos
             assert decodable >= 1, "scheduled stream without audio for its position"
             k_s[s.stream_id] = min(k, decodable - 1) if decodable >= self.cfg.min_buffered_tokens else 0
+            if s.lm_pos < s.prompt_len:
+                # a prompt row: its input is the prompt's token (s.tokens holds the prompt) and it drafts
+                # nothing, not from the last prompt position either, so that drafting starts at
+                # position prompt_len, where it started after an eager prefill
+                k_s[s.stream_id] = 0
         order = sorted(streams, key=lambda s: -k_s[s.stream_id])  # drafting streams first
         plan = _Plan(order, [k_s[s.stream_id] for s in order], [s.lm_pos for s in order], [], 0)
         n_draft = sum(1 for x in plan.k_s if x > 0)

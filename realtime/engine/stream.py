@@ -24,10 +24,6 @@ class EngineStream:
     tokens: list[int] = field(default_factory=list)  # tokens[p]: the input token of LM position p
     audio_done: int = 0  # audio tokens whose embedding has been computed
     lm_pos: int = 0  # next LM position to run
-    # True: the whole prompt runs in one eager prefill once its audio is there (the speculative
-    # engine, whose drafter needs the prompt's hidden states); False: the stream joined from the
-    # prompt-prefix cache and its remaining prompt positions run as decode rows (prompt_prefix.py)
-    eager_prefill: bool = True
     user_samples: int = 0
     total_tokens: int | None = None  # known after finish: the stream ends when len(tokens) == total
     max_tokens: int | None = None  # admission bound (max session length); the stream is ended there
