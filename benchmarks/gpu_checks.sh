@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call that re-checks the GPU side after CPU-only changes, in order of importance, each
 # part under its own time limit so a slow part never costs the others their results:
-#   1. the GPU tests (kernels, fused ops, engine equality and speculation with CUDA graphs on/off);
+#   1. the GPU tests (kernels, fused ops, engine equality and speculation with CUDA graphs on/off, GPU log-mel)
+#      by file: `-m gpu tests` would also collect the server tests, whose packages (websockets, openai) the
+#      GPU machine lacks;
 #   2. the speculative benchmark on the embedded default model with its drafter (issue 5);
 #   3. engine B1 + B2 on the full-size random checkpoint (issue 3), built on the spot.
 #   benchmarks/gpu_checks.sh OUT_DIR DRAFTER_DIR AUDIO_DIR [TEST_S SPEC_S ENGINE_S]   (ENGINE_S 0: skip part 3)
@@ -29,7 +31,8 @@ if [ -n "${DISTILL_AUDIO:-}" ]; then
   cp "$drafter/train_report.json" "$out/distill_report.json"
 fi
 timeout "$t_tests" python3 -m pytest -q -m gpu -p no:cacheprovider \
-  tests/test_kernels.py tests/test_fused_ops.py tests/test_engine.py tests/test_speculative.py > "$out/gpu_tests.txt" 2>&1
+  tests/test_kernels.py tests/test_fused_ops.py tests/test_engine.py tests/test_speculative.py tests/test_audio.py \
+  tests/test_prompt_prefix.py > "$out/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$?" | tee -a "$out/gpu_tests.txt"
 timeout "$t_spec" python3 benchmarks/bench_speculative.py --target models/default --drafter "$drafter" \
   --audio "$audio"/* --clip-seconds 45 --flush-clip-seconds 10 --batches 1 16 64 --k 4 \
