@@ -69,6 +69,19 @@ def slaney_mel_filters(n_fft: int, n_mels: int, sampling_rate: int, fmax: float)
     return filters
 
 
+def normalised_log_mel(mel: torch.Tensor, cfg: AudioFrontendConfig) -> torch.Tensor:
+    """Mel power -> the model's features: `log10`, floored at the fixed `global_log_mel_max - 8`, then
+    `(x + 4) / 4` (DESIGN §1.1). The one place the rule is written (host front-end and training)."""
+    log_spec = torch.clamp(mel, min=1e-10).log10()
+    log_spec = torch.clamp(log_spec, min=cfg.global_log_mel_max - 8.0)
+    return (log_spec + 4.0) / 4.0
+
+
+def log_mel_floor(cfg: AudioFrontendConfig) -> float:
+    """The feature value of a silent (or floored) bin under `normalised_log_mel`."""
+    return (cfg.global_log_mel_max - 8.0 + 4.0) / 4.0
+
+
 @dataclass
 class LogMel:
     """Stateless log-mel of windowed frames; shared by the offline and incremental paths.
@@ -119,9 +132,7 @@ class LogMel:
         spec = torch.fft.rfft(frames * window, dim=-1)
         power = spec.real.square() + spec.imag.square()
         mel = filters @ power.transpose(-1, -2)  # [..., n_mels, num_frames]
-        log_spec = torch.clamp(mel, min=1e-10).log10()
-        log_spec = torch.clamp(log_spec, min=self.cfg.global_log_mel_max - 8.0)
-        return ((log_spec + 4.0) / 4.0).to(self.dtype)
+        return normalised_log_mel(mel, self.cfg).to(self.dtype)
 
 
 def log_mel_spectrogram(audio: np.ndarray | torch.Tensor, cfg: AudioFrontendConfig,

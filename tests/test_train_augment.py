@@ -9,10 +9,11 @@ import pytest
 import torch
 from conftest import synthetic_shard
 
+from realtime.audio import log_mel_floor
 from realtime.config import AudioFrontendConfig
 from realtime.tokenizer import load_tokenizer
 from realtime.tokenizer_build import NUM_CONTROL_TOKENS, shipped_tekken_ranks, write_tokenizer_json
-from realtime.train.augment import AugmentConfig, apply_masks, augment, draw_masks, draw_warp, log_mel_floor
+from realtime.train.augment import AugmentConfig, apply_masks, augment, draw_masks, draw_warp
 from realtime.train.data import BatchConfig, Corpus, StreamBatcher
 from realtime.train.features import BatchLogMel
 from realtime.train.model_size import SIZES
@@ -183,7 +184,7 @@ def test_masked_bins_read_as_silence_and_the_rest_is_untouched() -> None:
     mel_fn = BatchLogMel(AudioFrontendConfig())
     x = _noise(3)
     mel = mel_fn(x)
-    floor = log_mel_floor(AudioFrontendConfig().global_log_mel_max)
+    floor = log_mel_floor(AudioFrontendConfig())
     assert torch.equal(mel[:, :, :20], torch.full_like(mel[:, :, :20], floor))  # the silent lead is the floor
     masks = draw_masks(3, mel.shape[1], mel.shape[2], AugmentConfig(p_mask=1.0, freq_mask_bins=30),
                        torch.Generator().manual_seed(0), "cpu")
@@ -199,7 +200,7 @@ def test_batches_with_masks_differ_only_in_masked_bins(batcher_parts) -> None:
     masked = _batcher(batcher_parts, cfg).batch(5)
     plain = _batcher(batcher_parts, replace(cfg, p_mask=0.0)).batch(5)
     assert torch.equal(masked.input_ids, plain.input_ids) and torch.equal(masked.labels, plain.labels)
-    floor = log_mel_floor(AudioFrontendConfig().global_log_mel_max)
+    floor = log_mel_floor(AudioFrontendConfig())
     changed = masked.mel != plain.mel
     assert changed.any() and bool((masked.mel[changed] == floor).all())
     # replay the generator (draws depend on shapes only) to get the very masks the batch used

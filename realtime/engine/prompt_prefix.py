@@ -117,10 +117,7 @@ class PromptPrefixCache:
         """Newly admitted streams start at position K with the prefix's caches and conv state (one
         copy per cache tensor for all streams of a delay, so a burst of joins costs little more
         than one)."""
-        by_delay: dict[int, list[EngineStream]] = {}
-        for s in streams:
-            by_delay.setdefault(s.delay_tokens, []).append(s)
-        for delay, group in by_delay.items():
+        for delay, group in streams_by_delay(streams).items():
             self._apply(self.get(delay), group)
 
     def _apply(self, p: PromptPrefix, group: list[EngineStream]) -> None:
@@ -136,6 +133,14 @@ class PromptPrefixCache:
             if p.tokens:
                 s.mel.advance(p.tokens * mpt)
             s.audio_done = s.lm_pos = p.tokens
+
+
+def streams_by_delay(streams: list[EngineStream]) -> dict[int, list[EngineStream]]:
+    """Joining streams grouped by delay: every stream of a group shares one prefix, copied in at once."""
+    groups: dict[int, list[EngineStream]] = {}
+    for s in streams:
+        groups.setdefault(s.delay_tokens, []).append(s)
+    return groups
 
 
 def write_pages(cache: PagedKVCache, stream_slots: list[int], n: int, ks: list[torch.Tensor],

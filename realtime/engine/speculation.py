@@ -61,7 +61,7 @@ from .cuda_graph import DecodeGraphRunner
 from .kv_cache import CacheSpec, PagedKVCache
 from .lookahead import chunk_sizes
 from .model_runner import ModelRunner, RunnerOptions
-from .prompt_prefix import PromptPrefix, PromptPrefixCache, RecordingAttention, write_pages
+from .prompt_prefix import PromptPrefix, PromptPrefixCache, RecordingAttention, streams_by_delay, write_pages
 from .staging import Field, StepMetadata
 from .stream import EngineStream
 
@@ -317,10 +317,7 @@ class Speculator:
         stash row 0 and prev_pos K-1, so the first step's catch-up runs position K reading h_{K-1}.
         Positions >= K are written by catch-ups before any query reads them, so nothing of a slot's
         previous stream leaks in."""
-        by_delay: dict[int, list[EngineStream]] = {}
-        for s in streams:
-            by_delay.setdefault(s.delay_tokens, []).append(s)
-        for delay, group in by_delay.items():
+        for delay, group in streams_by_delay(streams).items():
             p = self.prefix(prefixes.get(delay), delay)
             slots = [s.slot for s in group]
             if p.tokens:

@@ -141,11 +141,7 @@ def draw_masks(b: int, n_mels: int, frames: int, cfg: AugmentConfig, g: torch.Ge
     return (freq[:, :, None] | time[:, None, :]) & on[:, None, None]
 
 
-def log_mel_floor(global_log_mel_max: float) -> float:
-    """The value of a silent bin in the normalised log-mel (`LogMel`: clamp at max - 8, then (x + 4) / 4)."""
-    return (global_log_mel_max - 8.0 + 4.0) / 4.0
-
-
 def apply_masks(mel: torch.Tensor, masks: torch.Tensor, floor: float) -> torch.Tensor:
-    """mel [B, n_mels, T] with the masked bins at `floor` (digital silence), the rest untouched."""
+    """mel [B, n_mels, T] with the masked bins at `floor` (digital silence: `realtime.audio.log_mel_floor`),
+    the rest untouched."""
     return torch.where(masks, torch.full_like(mel, floor), mel)

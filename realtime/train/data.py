@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..audio import log_mel_floor
 from ..config import ALLOWED_DELAYS_MS, ModelConfig
 from ..tokenizer import TextTokenizer
-from .augment import AugmentConfig, apply_masks, augment, draw_masks, draw_warp, log_mel_floor
+from .augment import AugmentConfig, apply_masks, augment, draw_masks, draw_warp
 from .features import BatchLogMel
 from .synth import RawShard
 from .targets import TargetError, TimedWord, build_input_ids, loss_mask_start
@@ -197,7 +198,7 @@ class StreamBatcher:
         mel = self.mel(audio, warp)
         if bc.augment.p_mask > 0:  # spectral masks last, again gated on the config only
             masks = draw_masks(b, mel.shape[1], mel.shape[2], bc.augment, g, dev)
-            mel = apply_masks(mel, masks, log_mel_floor(cfg.audio.global_log_mel_max))
+            mel = apply_masks(mel, masks, log_mel_floor(cfg.audio))
         delays = torch.tensor([it[2] for it in items], dtype=torch.long)
         secs = sum(it[3] for it in items) / self.rate
         return Batch(input_ids.to(dev, non_blocking=True), labels.to(dev, non_blocking=True), mel,

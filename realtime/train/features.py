@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..audio import slaney_mel_filters
+from ..audio import normalised_log_mel, slaney_mel_filters
 from ..config import AudioFrontendConfig
 
 
@@ -59,6 +59,4 @@ class BatchLogMel:
         # `F_b @ power` with F_b == filters for alpha == 1, computes an unwarped row bit for bit alike.
         filters = self.filters if warp is None else self.warped_filters(warp)
         mel = filters @ power
-        log_spec = torch.clamp(mel, min=1e-10).log10()
-        log_spec = torch.clamp(log_spec, min=self.cfg.global_log_mel_max - 8.0)
-        return (log_spec + 4.0) / 4.0
+        return normalised_log_mel(mel, self.cfg)
