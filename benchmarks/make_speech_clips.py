@@ -12,7 +12,12 @@ before and 0.5 s after, as a 16 kHz PCM16 WAV (the browser test's held-out sampl
 corpus's *test* sentences, named `heldout_<i>_<engine>_<voice>.flac`. `train`: `count` clips from
 training voices drawn by their weights, spoken from *train* sentences (distillation data), named
 `train_<i>_<engine>_<voice>.flac`; `--sentences test` makes training voices speak test sentences instead
-(seen speakers, unseen text: the target's own domain). Utterances are joined with 0.25-0.6 s of silence; each is
+(seen speakers, unseen text: the target's own domain). `unseen`: `count` clips from formant voices that
+neither half of the catalogue uses (`voices.unseen_formant_voices`), speaking *train* sentences: audio new
+to the target that is still not the held-out evaluation. `--speed-warp LO HI` plays each clip at a random
+speed factor in that range (resampling: tempo, pitch and formants move together, a cheap new speaker made
+from a known one). `--opus-level L` writes Ogg Opus at that compression level instead of FLAC (a tenth of
+the bytes, for the device's transfer limit). Utterances are joined with 0.25-0.6 s of silence; each is
 peak-normalised like the training shards. Needs the TTS engines of the training pipeline
 (espeak-ng, mbrola voices, flite + the flitew helper) and the corpus file of `.train_carry`.
 """
@@ -30,7 +35,8 @@ from realtime.train.espeak import EspeakVoice
 from realtime.train.flite import FliteVoice
 from realtime.train.synth import engine_for
 from realtime.train.text_corpus import read_corpus
-from realtime.train.voices import VoiceSpec, available, catalogue
+from realtime.audio import resample
+from realtime.train.voices import VoiceSpec, available, catalogue, unseen_formant_voices
 
 logger = logging.getLogger(__name__)
 RATE = 16000
@@ -56,6 +62,13 @@ def make_clip(voice: VoiceSpec, texts: list[str], seconds: float, rng: np.random
     raise RuntimeError(f"{voice.key}: ran out of sentences at {total:.1f} s")
 
 
+def speed_warp(audio: np.ndarray, factor: float) -> np.ndarray:
+    """`audio` played `factor` times faster (shorter, higher): read as if sampled at RATE * factor and
+    resampled to RATE. The factor is rounded to a multiple of 1/160 so the rate ratio stays small."""
+    in_rate = round(RATE * factor / 100) * 100
+    return audio if in_rate == RATE else resample(audio, in_rate, RATE).astype(np.float32)
+
+
 def write_sentence(voice_key: str, text: str, out: Path) -> None:
     train_v, held_v = catalogue()
     voice = next((v for v in train_v + held_v if v.key == voice_key), None)
@@ -73,7 +86,7 @@ def write_sentence(voice_key: str, text: str, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--voices", choices=("heldout", "train"))
+    ap.add_argument("--voices", choices=("heldout", "train", "unseen"))
     ap.add_argument("--sentence", help="one sentence into one WAV file (with --voice)")
     ap.add_argument("--voice", help="catalogue voice key for --sentence, e.g. espeak:en-029+m6")
     ap.add_argument("--out", required=True)
@@ -83,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="corpus split to speak (default: test for held-out voices, train for training voices)")
     ap.add_argument("--corpus", default=".train_carry/corpus.tsv.gz")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--speed-warp", type=float, nargs=2, metavar=("LO", "HI"), default=None,
+                    help="play each clip at a random speed factor in [LO, HI] (resampled)")
+    ap.add_argument("--opus-level", type=float, default=None,
+                    help="write Ogg Opus at this compression level (0-1) instead of FLAC")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.sentence:
@@ -91,9 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         write_sentence(args.voice, args.sentence, Path(args.out))
         return 0
     if not args.voices:
-        ap.error("give --voices heldout|train, or --sentence with --voice")
+        ap.error("give --voices heldout|train|unseen, or --sentence with --voice")
     train_v, held_v = catalogue()
-    voices = available(held_v if args.voices == "heldout" else train_v, espeak=True, flite=True)
+    pool = {"heldout": held_v, "train": train_v, "unseen": unseen_formant_voices()}[args.voices]
+    voices = available(pool, espeak=True, flite=True)
     split = args.sentences or ("test" if args.voices == "heldout" else "train")
     sentences = [s.text for s in read_corpus(Path(args.corpus)) if s.split == split]
     rng = np.random.default_rng(args.seed)
@@ -107,9 +125,18 @@ def main(argv: list[str] | None = None) -> int:
     for i, voice in enumerate(chosen):
         texts = [sentences[j] for j in rng.permutation(len(sentences))[:400]]
         clip = make_clip(voice, texts, args.seconds, rng)
-        name = f"{args.voices}_{i:02d}_{voice.engine}_{voice.base.replace('+', '-')}.flac"
-        sf.write(out / name, clip, RATE, format="FLAC")
-        logger.info("%s: %.1f s", name, clip.size / RATE)
+        stem = f"{args.voices}_{i:02d}_{voice.engine}_{voice.base.replace('+', '-')}"
+        if args.speed_warp:
+            factor = float(rng.uniform(*args.speed_warp))
+            clip = speed_warp(clip, factor)
+            stem += f"_x{factor:.2f}"
+        if args.opus_level is None:
+            sf.write(out / f"{stem}.flac", clip, RATE, format="FLAC")
+        else:
+            with sf.SoundFile(out / f"{stem}.ogg", "w", RATE, 1, format="OGG", subtype="OPUS",
+                              compression_level=args.opus_level) as f:
+                f.write(clip)
+        logger.info("%s: %.1f s", stem, clip.size / RATE)
     return 0
 
 

@@ -368,11 +368,11 @@ def resample(audio: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 # Files
 # ---------------------------------------------------------------------------------------
-SUPPORTED_FILE_FORMATS = ("WAV", "FLAC")
+SUPPORTED_FILE_FORMATS = ("WAV", "FLAC", "OGG")  # OGG: Vorbis or Opus inside
 
 
 def load_audio_file(path: str | Path, target_rate: int = 16000) -> np.ndarray:
-    """Read a WAV or FLAC file as mono float32 at `target_rate` (mixing channels, resampling)."""
+    """Read a WAV, FLAC or Ogg (Vorbis/Opus) file as mono float32 at `target_rate` (mixing channels, resampling)."""
     import soundfile as sf
 
     p = Path(path)

@@ -439,12 +439,12 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def audio_paths(items: Sequence[str]) -> list[str]:
-    """Files as given; folders expanded to their WAV/FLAC files (sorted); .txt files read as lists."""
+    """Files as given; folders expanded to their WAV/FLAC/Ogg files (sorted); .txt files read as lists."""
     out: list[str] = []
     for item in items:
         p = Path(item)
         if p.is_dir():
-            out += sorted(str(f) for f in p.rglob("*") if f.suffix.lower() in (".wav", ".flac"))
+            out += sorted(str(f) for f in p.rglob("*") if f.suffix.lower() in (".wav", ".flac", ".ogg", ".opus"))
         elif p.suffix.lower() == ".txt":
             out += [ln.strip() for ln in p.read_text().splitlines() if ln.strip()]
         else:

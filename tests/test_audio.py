@@ -152,9 +152,13 @@ def test_load_audio_file_formats(tmp_path):
     (tmp_path / "c.mp3").write_bytes(b"ID3\x03\x00not really an mp3")
     with pytest.raises(AudioError, match="not a readable audio file"):
         load_audio_file(tmp_path / "c.mp3")
-    sf.write(tmp_path / "d.ogg", x, 16000)
+    tone = (0.5 * np.sin(2 * np.pi * 440 * np.arange(16000) / 16000)).astype(np.float32)
+    sf.write(tmp_path / "d.ogg", tone, 16000, subtype="OPUS")  # Opus decodes at 48 kHz: resampled back
+    d = load_audio_file(tmp_path / "d.ogg")
+    assert abs(d.size - tone.size) <= 2 and np.corrcoef(d[1000:15000], tone[1000:15000])[0, 1] > 0.99
+    sf.write(tmp_path / "f.aiff", x, 16000)
     with pytest.raises(AudioError, match="not supported"):
-        load_audio_file(tmp_path / "d.ogg")
+        load_audio_file(tmp_path / "f.aiff")
     with pytest.raises(AudioError, match="does not exist"):
         load_audio_file(tmp_path / "missing.wav")
     sf.write(tmp_path / "e.wav", np.zeros(0, np.float32), 16000)

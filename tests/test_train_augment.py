@@ -1,4 +1,4 @@
-"""VTLP (frequency warp) and spectral-mask augmentation: exact when off, do what they say, reproducible."""
+"""VTLP (frequency warp), spectral masks and the random equaliser: exact when off, do what they say, reproducible."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from realtime.audio import log_mel_floor
 from realtime.config import AudioFrontendConfig
 from realtime.tokenizer import load_tokenizer
 from realtime.tokenizer_build import NUM_CONTROL_TOKENS, shipped_tekken_ranks, write_tokenizer_json
-from realtime.train.augment import AugmentConfig, apply_masks, augment, draw_masks, draw_warp
+from realtime.train.augment import AugmentConfig, apply_masks, augment, draw_eq, draw_masks, draw_warp
 from realtime.train.data import BatchConfig, Corpus, StreamBatcher
 from realtime.train.features import BatchLogMel
 from realtime.train.model_size import SIZES
@@ -117,7 +117,7 @@ def _batcher(parts, augment: AugmentConfig) -> StreamBatcher:
 
 @pytest.mark.usefixtures("one_thread")
 def test_warped_batches_are_a_pure_function_of_seed_and_index(batcher_parts) -> None:
-    cfg = AugmentConfig(p_warp=0.5, p_mask=0.0)
+    cfg = AugmentConfig(p_warp=0.5, p_mask=0.0, p_eq=0.0)
     a = _batcher(batcher_parts, cfg)
     first = a.batch(3)
     other = a.batch(4)
@@ -196,7 +196,7 @@ def test_masked_bins_read_as_silence_and_the_rest_is_untouched() -> None:
 
 @pytest.mark.usefixtures("one_thread")
 def test_batches_with_masks_differ_only_in_masked_bins(batcher_parts) -> None:
-    cfg = AugmentConfig(p_warp=0.5, p_mask=1.0, freq_mask_bins=30)
+    cfg = AugmentConfig(p_warp=0.5, p_mask=1.0, freq_mask_bins=30, p_eq=0.0)
     masked = _batcher(batcher_parts, cfg).batch(5)
     plain = _batcher(batcher_parts, replace(cfg, p_mask=0.0)).batch(5)
     assert torch.equal(masked.input_ids, plain.input_ids) and torch.equal(masked.labels, plain.labels)
@@ -211,3 +211,59 @@ def test_batches_with_masks_differ_only_in_masked_bins(batcher_parts) -> None:
     draw_warp(b, cfg, g, "cpu")
     masks = draw_masks(b, n_mels, frames, cfg, g, "cpu")
     assert torch.equal(masked.mel, apply_masks(plain.mel, masks, floor))
+
+
+def test_draw_eq_is_seeded_smooth_bounded_and_off_when_disabled() -> None:
+    cfg = AugmentConfig(p_eq=0.5, eq_db=6.0, eq_terms=4)
+    b, n_mels = 400, 128
+
+    def draw(seed: int, c: AugmentConfig = cfg) -> torch.Tensor:
+        return draw_eq(b, n_mels, c, torch.Generator().manual_seed(seed), "cpu")
+
+    gain = draw(3)
+    assert gain.shape == (b, n_mels) and torch.equal(gain, draw(3)) and not torch.equal(gain, draw(4))
+    db = 10 * gain.log10()
+    on = (gain != 1.0).any(1)
+    assert 0.4 < float(on.float().mean()) < 0.6  # p_eq 0.5
+    assert torch.equal(gain[~on], torch.ones_like(gain[~on]))  # off rows: exactly 1, not merely close
+    bound = 6.0 * sum(1 / j for j in range(1, 5))
+    assert float(db.abs().max()) <= bound + 1e-3 and float(db.abs().max()) > 4.0  # bounded, not tiny
+    # smooth: neighbouring bins differ by at most the curve's steepest slope, sum_j c_j * pi * j / 127
+    assert float((db[:, 1:] - db[:, :-1]).abs().max()) <= 6.0 * 4 * torch.pi / (n_mels - 1) + 1e-3
+    assert torch.equal(draw(3, AugmentConfig(p_eq=0.0)), torch.ones(b, n_mels))
+
+
+def test_eq_scales_mel_power_and_keeps_silence_silent() -> None:
+    mel_fn = BatchLogMel(AudioFrontendConfig())
+    x = _noise(3)
+    plain = mel_fn(x)
+    assert torch.equal(mel_fn(x, eq=torch.ones(3, plain.shape[1])), plain)  # gain 1: bit for bit
+    gain = draw_eq(3, plain.shape[1], AugmentConfig(p_eq=1.0), torch.Generator().manual_seed(1), "cpu")
+    out = mel_fn(x, eq=gain)
+    floor = log_mel_floor(AudioFrontendConfig())
+    assert torch.equal(out[:, :, :20], torch.full_like(out[:, :, :20], floor))  # the silent lead stays silent
+    # above the floor, a power gain g is a shift of log10(g) / 4 in the features (x -> (log10 x + 4) / 4)
+    loud = (plain > floor + 0.5) & (out > floor + 0.5)
+    shift = (gain.log10() / 4)[:, :, None].expand_as(plain)
+    assert loud.float().mean() > 0.5
+    torch.testing.assert_close(out[loud], plain[loud] + shift[loud], atol=1e-4, rtol=0)
+    assert NO_AUGMENT.p_eq == 0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_batches_with_eq_differ_only_in_the_equalised_rows(batcher_parts) -> None:
+    cfg = AugmentConfig(p_warp=0.5, p_mask=1.0, p_eq=0.5)
+    eq = _batcher(batcher_parts, cfg).batch(5)
+    plain = _batcher(batcher_parts, replace(cfg, p_eq=0.0)).batch(5)
+    assert torch.equal(eq.input_ids, plain.input_ids) and torch.equal(eq.labels, plain.labels)
+    b, n_mels, frames = eq.mel.shape
+    n = frames * AudioFrontendConfig().hop_length
+    g = torch.Generator().manual_seed(11 * 1_000_003 + 5)
+    augment(torch.zeros(b, n), torch.ones(b, n, dtype=torch.bool), cfg, g)
+    draw_warp(b, cfg, g, "cpu")
+    draw_masks(b, n_mels, frames, cfg, g, "cpu")  # the masks come before the equaliser: unchanged by it
+    gains = draw_eq(b, n_mels, cfg, g, "cpu")
+    on = (gains != 1.0).any(1)
+    assert 0 < int(on.sum()) < b
+    for r in range(b):
+        assert torch.equal(eq.mel[r], plain.mel[r]) != bool(on[r]), r

@@ -18,6 +18,11 @@ several parts of the spectrum, so a voice whose energy sits elsewhere (an unseen
 the time spans are kept short (at most 80 ms, one per 5 s) because the targets are word-timed: a long
 span would hide a whole word whose token the model must still emit.
 
+A random equaliser (`draw_eq`) multiplies each row's mel power by a smooth random curve over the mel
+bins (a few cosines: a tilt and broad bumps of up to `eq_db` dB), applied inside the log-mel like the
+warp. It changes the spectral envelope's slope and broad resonances, the part of a speaker's timbre
+(and of a microphone) that VTLP's stretch does not move, and leaves timing and silence untouched.
+
 Only the user region of each stream is touched: the left/right streaming padding stays exact
 zeros, as the session pushes it at inference.
 """
@@ -47,6 +52,9 @@ class AugmentConfig:
     freq_mask_bins: int = 20
     time_mask_every_frames: int = 500  # one time span per this many frames (5 s), rounded up
     time_mask_frames: int = 8  # each at most this many 10 ms frames wide
+    p_eq: float = 0.5  # share of rows whose mel power gets a random smooth gain curve (see `draw_eq`)
+    eq_db: float = 6.0  # amplitude of the curve's first cosine, in dB (the j-th: eq_db / j)
+    eq_terms: int = 4  # cosines in the curve
 
 
 def _uniform(n: int, lo: float, hi: float, g: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -145,3 +153,20 @@ def apply_masks(mel: torch.Tensor, masks: torch.Tensor, floor: float) -> torch.T
     """mel [B, n_mels, T] with the masked bins at `floor` (digital silence: `realtime.audio.log_mel_floor`),
     the rest untouched."""
     return torch.where(masks, torch.full_like(mel, floor), mel)
+
+
+def draw_eq(b: int, n_mels: int, cfg: AugmentConfig, g: torch.Generator, device: torch.device | str) -> torch.Tensor:
+    """Random equaliser gains [b, n_mels] (power ratios) for `BatchLogMel(audio, warp, eq)`.
+
+    With probability `cfg.p_eq` a row's gain in dB is `sum_j c_j cos(pi j m / (n_mels - 1) + phi_j)`
+    over the mel bin m, j = 1..eq_terms, c_j uniform in +-eq_db / j and phi_j uniform in [0, 2 pi):
+    smooth over the bins, largest at the broadest scale. Other rows get exactly 1.0. Draw after
+    `draw_masks` with the same generator; the draws depend on the shape only."""
+    on = torch.rand(b, generator=g, device=device) < cfg.p_eq
+    j = torch.arange(1, cfg.eq_terms + 1, device=device, dtype=torch.float32)
+    amp = (torch.rand(b, cfg.eq_terms, generator=g, device=device) * 2 - 1) * cfg.eq_db / j
+    phase = torch.rand(b, cfg.eq_terms, generator=g, device=device) * (2 * math.pi)
+    m = torch.arange(n_mels, device=device, dtype=torch.float32) / max(1, n_mels - 1)
+    db = (amp[:, :, None] * torch.cos(math.pi * j[None, :, None] * m[None, None, :] + phase[:, :, None])).sum(1)
+    gain = torch.pow(10.0, db / 10.0)
+    return torch.where(on[:, None], gain, torch.ones_like(gain))

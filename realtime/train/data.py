@@ -21,7 +21,7 @@ import torch
 from ..audio import log_mel_floor
 from ..config import ALLOWED_DELAYS_MS, ModelConfig
 from ..tokenizer import TextTokenizer
-from .augment import AugmentConfig, apply_masks, augment, draw_masks, draw_warp
+from .augment import AugmentConfig, apply_masks, augment, draw_eq, draw_masks, draw_warp
 from .features import BatchLogMel
 from .synth import RawShard
 from .targets import TargetError, TimedWord, build_input_ids, loss_mask_start
@@ -195,9 +195,12 @@ class StreamBatcher:
         # VTLP after the other draws (their random streams stay as they were); gated on the config,
         # so a batch without warp (validation) takes the plain log-mel path
         warp = draw_warp(b, bc.augment, g, dev) if bc.augment.p_warp > 0 else None
-        mel = self.mel(audio, warp)
-        if bc.augment.p_mask > 0:  # spectral masks last, again gated on the config only
-            masks = draw_masks(b, mel.shape[1], mel.shape[2], bc.augment, g, dev)
+        n_mels, frames = cfg.audio.num_mel_bins, audio.shape[-1] // cfg.audio.hop_length
+        # spectral masks and the equaliser after the warp, in that order (earlier streams unchanged)
+        masks = draw_masks(b, n_mels, frames, bc.augment, g, dev) if bc.augment.p_mask > 0 else None
+        eq = draw_eq(b, n_mels, bc.augment, g, dev) if bc.augment.p_eq > 0 else None
+        mel = self.mel(audio, warp, eq)
+        if masks is not None:
             mel = apply_masks(mel, masks, log_mel_floor(cfg.audio))
         delays = torch.tensor([it[2] for it in items], dtype=torch.long)
         secs = sum(it[3] for it in items) / self.rate

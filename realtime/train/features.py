@@ -44,10 +44,13 @@ class BatchLogMel:
         w = (1.0 - (src[:, :, None] - k[None, None, :]).abs()).clamp(min=0.0)  # hat weights [B, out, src]
         return self.filters @ w
 
-    def __call__(self, audio: torch.Tensor, warp: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, audio: torch.Tensor, warp: torch.Tensor | None = None,
+                 eq: torch.Tensor | None = None) -> torch.Tensor:
         """audio [B, L] (L a multiple of hop) -> log-mel [B, n_mels, L // hop].
 
-        warp: optional VTLP factors [B] (1.0 = unwarped row), see `warped_filters`."""
+        warp: optional VTLP factors [B] (1.0 = unwarped row), see `warped_filters`.
+        eq: optional power gains [B, n_mels] applied to the mel power before the log (a random
+        equaliser, `augment.draw_eq`); a zero-power frame stays zero, so padding stays digital silence."""
         n_fft, hop = self.cfg.n_fft, self.cfg.hop_length
         x = audio.to(self.dtype)
         n_frames = x.shape[-1] // hop
@@ -59,4 +62,6 @@ class BatchLogMel:
         # `F_b @ power` with F_b == filters for alpha == 1, computes an unwarped row bit for bit alike.
         filters = self.filters if warp is None else self.warped_filters(warp)
         mel = filters @ power
+        if eq is not None:
+            mel = mel * eq.to(mel.dtype)[:, :, None]
         return normalised_log_mel(mel, self.cfg)

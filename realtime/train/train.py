@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 progress_log = logging.getLogger("realtime.train.progress")
 
 NO_AUGMENT = AugmentConfig(p_reverb=0, p_telephone=0, p_noise=0, p_floor=0, gain_db=(0.0, 0.0), p_warp=0,
-                          p_mask=0)
+                          p_mask=0, p_eq=0)
 
 
 @dataclass
