@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from realtime.audio import resample
 from realtime.train.espeak import EspeakVoice
 from realtime.train.flite import FliteVoice
 from realtime.train.synth import engine_for
 from realtime.train.text_corpus import read_corpus
-from realtime.audio import resample
 from realtime.train.voices import VoiceSpec, available, catalogue, unseen_formant_voices
 
 logger = logging.getLogger(__name__)
