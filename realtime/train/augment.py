@@ -52,7 +52,7 @@ class AugmentConfig:
     freq_mask_bins: int = 20
     time_mask_every_frames: int = 500  # one time span per this many frames (5 s), rounded up
     time_mask_frames: int = 8  # each at most this many 10 ms frames wide
-    p_eq: float = 0.5  # share of rows whose mel power gets a random smooth gain curve (see `draw_eq`)
+    p_eq: float = 0.0  # share of rows whose mel power gets a random smooth gain curve (see `draw_eq`)
     eq_db: float = 6.0  # amplitude of the curve's first cosine, in dB (the j-th: eq_db / j)
     eq_terms: int = 4  # cosines in the curve
 

@@ -186,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(1)  # the other cores synthesise; the trainers run in their own processes
+    from .augment import AugmentConfig
     from .data import BatchConfig
     from .distributed import train_data_parallel
     from .synth import plan_tasks
@@ -229,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
 
     tc = TrainConfig(data=str(shards), tokenizer=str(carry / "tok"), out=str(WORK / "run"), size=args.size,
                      device="cuda" if cuda else "cpu", seed=args.seed, lr=args.lr,
-                     batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds),
+                     batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds,
+                                       augment=AugmentConfig(p_eq=args.p_eq)),
                      ckpt_every_s=args.export_every_s, min_utterances=args.min_utterances,
                      warmup_steps=args.warmup_steps, init_from=args.init_from, profile_at=args.profile_at)
     logger.info("training on %d GPU(s) until %.0f s", gpus, train_end - t_start)
@@ -323,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--export-every-s", type=float, default=120.0)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--warmup-steps", type=int, default=300)
+    r.add_argument("--p-eq", type=float, default=0.0,
+                   help="share of rows given the random equaliser (augment.draw_eq); run 12 used 0.5")
     r.add_argument("--profile-at", type=int, default=60, help="profile 3 steps from this one into run.log")
     r.add_argument("--init-from", default=None,
                    help="a model folder (e.g. an earlier run's unpacked $OUT, carried) to continue from")
