@@ -2,6 +2,7 @@
 
     python benchmarks/bench_speculative.py --target DIR --drafter DIR [--audio FILES...] --out bench_spec.json
         [--k 4] [--batches 1 16 64] [--clip-seconds 60] [--text-only-drafter DIR] [--device cuda --dtype bf16]
+        [--repeats 3] [--skip-flush]
 
 S1  offline transcription (every clip pushed whole and finished, the engine driven flat out) at
     each batch size, without and with speculation: wall time, real-time factor, speed-up, steps,
@@ -102,6 +103,11 @@ def offline(model, tok, clips, opts, spec) -> tuple[dict, list[list[int]]]:
     return out, [r.token_ids for r in run.results]
 
 
+def median_run(runs: list[tuple[dict, list[list[int]]]]) -> tuple[dict, list[list[int]]]:
+    """The run with the median wall time (runs of one mode on the same clips: same tokens and steps)."""
+    return sorted(runs, key=lambda r: r[0]["wall_seconds"])[len(runs) // 2]
+
+
 def flush_latency(model, tok, clips, opts, spec) -> dict:
     """Live feeding (one token of audio per step), then finish: seconds from finish to done."""
     eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
@@ -145,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default=None)
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="offline runs per mode and clip group, alternating; the median run is reported")
+    ap.add_argument("--skip-flush", action="store_true", help="leave out S2 (end-of-stream flush)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
@@ -173,18 +182,24 @@ def main(argv: list[str] | None = None) -> int:
         offline(model, tok, short, opts, spec)
         bases, specs, identical, per_file = [], [], 0, []
         for clips in groups:
-            base, base_tokens = offline(model, tok, clips, opts, None)
-            with_spec, spec_tokens = offline(model, tok, clips, opts, spec)
+            # --repeats: alternate the two modes (drift of the host hits both) and keep each one's median
+            # run; batch-1 runs last a second or two, and single runs were seen to move by 25%
+            pairs = [(offline(model, tok, clips, opts, None), offline(model, tok, clips, opts, spec))
+                     for _ in range(args.repeats)]
+            (base, base_tokens), (with_spec, spec_tokens) = (median_run([p[i] for p in pairs]) for i in (0, 1))
             bases.append(base)
             specs.append(with_spec)
             identical += sum(a == b_ for a, b_ in zip(base_tokens, spec_tokens))
             per_file.append({"speedup": base["wall_seconds"] / with_spec["wall_seconds"],
                              "mean_acceptance_length": with_spec["mean_acceptance_length"],
-                             "steps": [base["steps"], with_spec["steps"]]})
+                             "steps": [base["steps"], with_spec["steps"]],
+                             "wall_seconds_runs": [[p[0][0]["wall_seconds"] for p in pairs],
+                                                   [p[1][0]["wall_seconds"] for p in pairs]]})
         base, with_spec = pooled(bases), pooled(specs)
         n_clips = sum(len(g) for g in groups)
         row = {"without": base, "with": with_spec, "speedup": base["wall_seconds"] / with_spec["wall_seconds"],
                "identical_outputs": identical, "clips": n_clips}
+        row["wall_seconds_runs"] = [r["wall_seconds_runs"] for r in per_file]  # [group][mode][repeat]
         if b == 1 and args.audio:
             row["per_file"] = {Path(f).name: r for f, r in zip(args.audio, per_file)}
             for f, r in row["per_file"].items():
@@ -202,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                  "identical %d/%d", b, base["x_real_time"], with_spec["x_real_time"], row["speedup"],
                  with_spec["acceptance_rate"], with_spec["mean_acceptance_length"], row["identical_outputs"], n_clips)
 
-    for b in sorted({1, max(args.batches)}):
+    for b in sorted({1, max(args.batches)}) if not args.skip_flush else []:
         clips = make_clips(args.audio, b, args.flush_clip_seconds, rate)
         opts = RunnerOptions(max_streams=b, max_batch=b, cuda_graphs=graphs, max_step_tokens=max(8, args.k + 1))
         report["flush"][str(b)] = {"without": flush_latency(model, tok, clips, opts, None),
