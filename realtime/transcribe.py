@@ -25,13 +25,13 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Transcribe a WAV/FLAC file with a Voxtral-Realtime-style model.")
+    ap = argparse.ArgumentParser(description="Transcribe a WAV/FLAC/Ogg file with a Voxtral-Realtime-style model.")
     ap.add_argument("--model", default="default", help="checkpoint folder, or 'default' for the embedded model")
     ap.add_argument("--delay-ms", type=int, default=None, help="transcription delay (multiple of 80 ms)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default="fp32")
     ap.add_argument("-v", "--verbose", action="store_true")
-    ap.add_argument("file", help="audio file (WAV or FLAC, any sample rate, mono or multi-channel)")
+    ap.add_argument("file", help="audio file (WAV, FLAC or Ogg Vorbis/Opus, any sample rate, mono or multi-channel)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")

@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Distil an Eagle drafter from a target checkpoint on audio.")
     ap.add_argument("--target", required=True, help="target checkpoint folder")
     ap.add_argument("--audio", nargs="+", required=True,
-                    help="training audio: WAV/FLAC files, folders (searched recursively) or .txt lists of paths")
+                    help="training audio: WAV/FLAC/Ogg files, folders (searched recursively) or .txt lists of paths")
     ap.add_argument("--eval-audio", nargs="*", default=None, help="held-out files for the engine measurement")
     ap.add_argument("--out", required=True, help="output folder (drafter checkpoint, train state, teacher cache)")
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
