@@ -6,7 +6,7 @@ import numpy as np
 
 from realtime.train.synth import plan_tasks
 from realtime.train.text_corpus import Sentence, normalize, split_of
-from realtime.train.voices import HELDOUT_ACCENTS, HELDOUT_VARIANTS, catalogue
+from realtime.train.voices import HELDOUT_ACCENTS, HELDOUT_VARIANTS, catalogue, unseen_formant_voices
 
 
 def _accent_variant(base: str) -> tuple[str, str]:
@@ -27,6 +27,22 @@ def test_no_heldout_speaker_in_training() -> None:
     # recorded speakers held out: awb (flite), us3 and en1 (mbrola)
     assert {"awb", "us3", "en1"} <= {v.speaker for v in held}
     assert {"awb", "us3", "en1"}.isdisjoint(train_speakers)
+
+
+def test_unseen_voices_are_neither_training_nor_held_out_voices() -> None:
+    """The drafter's distillation voices: new to the trained model, and not the held-out evaluation."""
+    train, held = catalogue()
+    unseen = unseen_formant_voices()
+    assert len(unseen) >= 100
+    train_variants = {_accent_variant(v.base)[1] for v in train if v.engine == "espeak" and not v.is_mbrola}
+    train_accents = {_accent_variant(v.base)[0] for v in train if v.engine == "espeak" and not v.is_mbrola}
+    for v in unseen:
+        accent, variant = _accent_variant(v.base)
+        assert variant and variant not in train_variants and variant not in HELDOUT_VARIANTS, v.base
+        assert accent in train_accents and accent not in HELDOUT_ACCENTS, v.base
+    keys = {v.key for v in unseen}
+    assert len(keys) == len(unseen) and not keys & {v.key for v in train + held}
+    assert not {v.speaker for v in unseen} & {v.speaker for v in train + held}
 
 
 def test_sentence_split_is_deterministic_and_proportioned() -> None:

@@ -25,9 +25,6 @@ TRAIN_ACCENTS = ("en-us", "en", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan"
 TRAIN_VARIANTS = ("", "f1", "f2", "f3", "f5", "m1", "m2", "m3", "m4", "m5", "m7", "klatt", "klatt2", "klatt4")
 HELDOUT_ACCENTS = ("en-029", "en-us-nyc")
 HELDOUT_VARIANTS = ("m6", "f4")
-# mbrola voices that speak English through espeak-ng's mb-<v>-en entries, with the fixed wrapper's
-# audio matching the espeak-ng command line (pitch, length) on four test sentences; (voice, female).
-# gr2 is left out: half its sentences lose their end mark.
 # espeak-ng variants that neither the training voices nor the held-out voices use (the novelty,
 # whisper and robot variants are left out). With the training accents they make voices the default
 # model never heard that are still not the held-out evaluation voices: distillation data on which
@@ -39,6 +36,9 @@ UNSEEN_VARIANTS = ("Alex", "Alicia", "Andrea", "Andy", "Annie", "Denis", "Diogo"
                    "john", "kaukovalta", "klatt3", "klatt5", "klatt6", "linda", "m8", "marcelo", "max",
                    "michel", "miguel", "norbert", "pablo", "paul", "pedro", "quincy", "rob", "robert",
                    "sandro", "shelby", "steph", "steph2", "steph3", "travis", "victor", "zac")
+# mbrola voices that speak English through espeak-ng's mb-<v>-en entries, with the fixed wrapper's
+# audio matching the espeak-ng command line (pitch, length) on four test sentences; (voice, female).
+# gr2 is left out: half its sentences lose their end mark.
 ACCENTED_MBROLA = (("ro1", False), ("pl1", True), ("fr1", False), ("sw2", True), ("fr4", True), ("af1", False),
                    ("hu1", True), ("sw1", False), ("de2", False), ("de1", True), ("de3", True), ("nl2", False),
                    ("de5", True), ("de4", False), ("de6", False))
