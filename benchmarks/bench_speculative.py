@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         bases, specs, identical, per_file = [], [], 0, []
         for clips in groups:
             # --repeats: alternate the two modes (drift of the host hits both) and keep each one's median
-            # run; batch-1 runs last a second or two, and single runs were seen to move by 25%
+            # run; a batch-1 run lasts about a second, and repeats of one were seen to differ by up to 38%
             pairs = [(offline(model, tok, clips, opts, None), offline(model, tok, clips, opts, spec))
                      for _ in range(args.repeats)]
             (base, base_tokens), (with_spec, spec_tokens) = (median_run([p[i] for p in pairs]) for i in (0, 1))
