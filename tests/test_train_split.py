@@ -45,6 +45,20 @@ def test_unseen_voices_are_neither_training_nor_held_out_voices() -> None:
     assert not {v.speaker for v in unseen} & {v.speaker for v in train + held}
 
 
+def test_unseen_formant_voices_join_training_only_when_asked() -> None:
+    base_train, base_held = catalogue()
+    train, held = catalogue(unseen_formant_weight=2.0)
+    assert [v.key for v in held] == [v.key for v in base_held]
+    added = train[len(base_train):]
+    assert train[: len(base_train)] == base_train
+    assert {v.key for v in added} == {v.key for v in unseen_formant_voices()}
+    assert abs(sum(v.weight for v in added) - 2.0) < 1e-9
+    assert not {v.speaker for v in train} & {v.speaker for v in held}
+    for v in added:
+        accent, variant = _accent_variant(v.base)
+        assert accent not in HELDOUT_ACCENTS and variant not in HELDOUT_VARIANTS, v.base
+
+
 def test_sentence_split_is_deterministic_and_proportioned() -> None:
     texts = [f"sentence number {i} of the corpus" for i in range(5000)]
     splits = [split_of(t) for t in texts]

@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     install_wheels(carry, WORK)
     from .voices import VoiceSpec, available, catalogue, mbrola_probe_voice
 
-    train_v, held_v = catalogue()
+    train_v, held_v = catalogue(args.unseen_formant_weight)
     espeak_data = os.environ.get("STREAMSCRIBE_ESPEAK_DATA")
     probes = probe_engines(mbrola_probe_voice(train_v + held_v, espeak_data))
     metrics["engine_probes"] = probes
@@ -325,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--export-every-s", type=float, default=120.0)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--warmup-steps", type=int, default=300)
+    r.add_argument("--unseen-formant-weight", type=float, default=0.0,
+                   help="also train on the formant voices of voices.unseen_formant_voices, sharing this weight "
+                        "(the usual formant voices share 2.3 of about 22)")
     r.add_argument("--p-eq", type=float, default=0.0,
                    help="share of rows given the random equaliser (augment.draw_eq); run 12 used 0.5")
     r.add_argument("--profile-at", type=int, default=60, help="profile 3 steps from this one into run.log")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -81,9 +81,13 @@ def _formant(accent: str, variant: str, weight: float) -> VoiceSpec:
     return VoiceSpec("espeak", base, f"espeak-formant:{base}", variant.startswith("f"), weight)
 
 
-def catalogue() -> tuple[list[VoiceSpec], list[VoiceSpec]]:
+def catalogue(unseen_formant_weight: float = 0.0) -> tuple[list[VoiceSpec], list[VoiceSpec]]:
     """(training voices, held-out voices). Weights: recorded-speaker voices carry most of the data;
-    the formant voices (poor acoustic match to real speech, speech_data.md §8) about a quarter."""
+    the formant voices (poor acoustic match to real speech, speech_data.md §8) about a quarter.
+
+    `unseen_formant_weight` > 0 also trains on `unseen_formant_voices()`, sharing that total weight
+    (the 70 usual formant voices share 2.3): more formant speakers for a run, at the price of those
+    voices no longer being new to the model it trains (drafter distillation audio)."""
     train = [
         VoiceSpec("flite", "slt", "slt", True, 1.5),
         VoiceSpec("flite", "rms", "rms", False, 1.5),
@@ -96,6 +100,9 @@ def catalogue() -> tuple[list[VoiceSpec], list[VoiceSpec]]:
     train += [VoiceSpec("espeak", f"mb-{v}-en", v, female, 1.0) for v, female in ACCENTED_MBROLA]
     n_formant = len(TRAIN_ACCENTS) * len(TRAIN_VARIANTS)
     train += [_formant(a, v, 2.3 / n_formant) for a in TRAIN_ACCENTS for v in TRAIN_VARIANTS]
+    if unseen_formant_weight > 0:
+        extra = unseen_formant_voices()
+        train += [replace(v, weight=unseen_formant_weight / len(extra)) for v in extra]
     heldout = [
         VoiceSpec("flite", "awb", "awb", False, 1.0),
         VoiceSpec("espeak", "mb-us3", "us3", False, 1.0),
