@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                  "identical %d/%d", b, base["x_real_time"], with_spec["x_real_time"], row["speedup"],
                  with_spec["acceptance_rate"], with_spec["mean_acceptance_length"], row["identical_outputs"], n_clips)
 
-    for b in sorted({1, max(args.batches)}) if not args.skip_flush else []:
+    flush_batches = [] if args.skip_flush else sorted({1, max(args.batches)})
+    for b in flush_batches:
         clips = make_clips(args.audio, b, args.flush_clip_seconds, rate)
         opts = RunnerOptions(max_streams=b, max_batch=b, cuda_graphs=graphs, max_step_tokens=max(8, args.k + 1))
         report["flush"][str(b)] = {"without": flush_latency(model, tok, clips, opts, None),

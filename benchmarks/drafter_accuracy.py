@@ -8,8 +8,8 @@ states; each drafter then reads every position with the target's own inputs (dep
 target's `h_{q-1}`, exactly the first draft of a round) and its argmax is compared with the target's
 next token. Kinds of position, by the target token and the one before it:
 `pad` ([STREAMING_PAD]), `word_start` (a non-pad after a pad: the word marker or first piece of a
-word), `in_word` (a non-pad after a non-pad: the rest of a word's pieces), `word_end` (a pad after a
-non-pad). Prompt positions are left out. CPU, fp32 (accuracy does not depend on the hardware).
+word), `in_word` (a non-pad after a non-pad: the rest of a word's pieces); these three partition the
+positions. `word_end` (a pad after a non-pad) is a subset of `pad`. Prompt positions are left out. CPU, fp32 (accuracy does not depend on the hardware).
 """
 
 from __future__ import annotations
@@ -34,9 +34,13 @@ from speculative.train import label_audio
 log = logging.getLogger("drafter_accuracy")
 
 
-def position_kinds(target: torch.Tensor, previous: torch.Tensor, pad: int) -> dict[str, torch.Tensor]:
-    return {"pad": target == pad, "word_start": (target != pad) & (previous == pad),
-            "in_word": (target != pad) & (previous != pad), "word_end": (target == pad) & (previous != pad)}
+def position_kinds(target: torch.Tensor, previous: torch.Tensor, pad: int, keep: torch.Tensor
+                   ) -> dict[str, torch.Tensor]:
+    """Masks of the kept positions by the target token and the one before it: `all`; `pad`,
+    `word_start` and `in_word`, which partition `all`; `word_end`, the pads that follow a non-pad."""
+    kinds = {"pad": target == pad, "word_start": (target != pad) & (previous == pad),
+             "in_word": (target != pad) & (previous != pad), "word_end": (target == pad) & (previous != pad)}
+    return {"all": keep, **{k: m & keep for k, m in kinds.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,10 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                 g = d(x, h_prev, q[None], d.t_cond(torch.tensor([s.delay_tokens]))[:, None, :],
                       DenseAttention(q[None], d.config.sliding_window))
                 pred = d.logits(g)[0].argmax(-1)
-            target, keep = s.tokens[1:n + 1], q >= s.prompt_len - 1
-            kinds = {"all": torch.ones_like(keep), **position_kinds(target, s.tokens[:n], pad)}
-            for name, m in kinds.items():
-                m = m & keep
+            target = s.tokens[1:n + 1]
+            for name, m in position_kinds(target, s.tokens[:n], pad, q >= s.prompt_len - 1).items():
                 h = hits.setdefault(name, [0, 0])
                 h[0] += int((pred[m] == target[m]).sum())
                 h[1] += int(m.sum())

@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             pred = net(x_te).argmax(-1)
             train_acc = float((net(x_tr[idx]).argmax(-1) == tr["target"][idx]).float().mean())
-        kinds = {"all": torch.ones_like(te["keep"]), **position_kinds(te["target"], te["previous"], pad)}
-        report[name] = {"train_accuracy": train_acc, **{k: float((pred[m & te["keep"]] == te["target"][m & te["keep"]])
-                                                                 .float().mean()) for k, m in kinds.items()}}
+        kinds = position_kinds(te["target"], te["previous"], pad, te["keep"])
+        report[name] = {"train_accuracy": train_acc,
+                        **{k: float((pred[m] == te["target"][m]).float().mean()) for k, m in kinds.items()}}
         print(name, json.dumps({k: round(v, 3) for k, v in report[name].items()}), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))

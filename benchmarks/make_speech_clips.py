@@ -62,11 +62,13 @@ def make_clip(voice: VoiceSpec, texts: list[str], seconds: float, rng: np.random
     raise RuntimeError(f"{voice.key}: ran out of sentences at {total:.1f} s")
 
 
-def speed_warp(audio: np.ndarray, factor: float) -> np.ndarray:
-    """`audio` played `factor` times faster (shorter, higher): read as if sampled at RATE * factor and
-    resampled to RATE. The factor is rounded to a multiple of 1/160 so the rate ratio stays small."""
+def speed_warp(audio: np.ndarray, factor: float) -> tuple[np.ndarray, float]:
+    """`audio` played about `factor` times faster (shorter, higher): read as if sampled at RATE * factor
+    and resampled to RATE. The factor is rounded to a multiple of 1/160 so the rate ratio stays small;
+    returns the audio and the factor applied."""
     in_rate = round(RATE * factor / 100) * 100
-    return audio if in_rate == RATE else resample(audio, in_rate, RATE).astype(np.float32)
+    out = audio if in_rate == RATE else resample(audio, in_rate, RATE).astype(np.float32)
+    return out, in_rate / RATE
 
 
 def write_sentence(voice_key: str, text: str, out: Path) -> None:
@@ -127,9 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         clip = make_clip(voice, texts, args.seconds, rng)
         stem = f"{args.voices}_{i:02d}_{voice.engine}_{voice.base.replace('+', '-')}"
         if args.speed_warp:
-            factor = float(rng.uniform(*args.speed_warp))
-            clip = speed_warp(clip, factor)
-            stem += f"_x{factor:.2f}"
+            clip, factor = speed_warp(clip, float(rng.uniform(*args.speed_warp)))
+            stem += f"_x{factor:.4g}"
         if args.opus_level is None:
             sf.write(out / f"{stem}.flac", clip, RATE, format="FLAC")
         else:
