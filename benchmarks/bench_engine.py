@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from realtime.engine.model_runner import ModelRunner, RunnerOptions, kv_bytes_per_stream  # noqa: E402
 from realtime.loader import load_model  # noqa: E402
+from profile_tools import kernel_profile  # noqa: E402
 
 log = logging.getLogger("bench_engine")
 
@@ -83,11 +84,9 @@ class SyntheticStreams:
             runner.admit(s)
         self.lm_pos = [self.prompt + a for a in ages_tokens]
         self.delays = [delay] * n
-        g = torch.Generator().manual_seed(0)
-        self.mel = torch.randn(n, c.audio.num_mel_bins, c.streaming.mel_frames_per_token, generator=g).to(
-            runner.device, runner.dtype)
         self.tokens = [33] * n
-        self.host_mel = [torch.randn(1520, dtype=torch.float32) for _ in range(n)]
+        # each stream's next sample window (the samples of one token's mel frames), as the engine sends it
+        self.host_mel = [torch.randn(runner.mel.samples_needed(c.streaming.mel_frames_per_token)) for _ in range(n)]
 
     def release(self) -> None:
         for s in self.slots:
@@ -97,11 +96,10 @@ class SyntheticStreams:
         r = self.runner
         mark = trace.mark if trace is not None else _no_mark
         mark("start")
-        # front-end work of a real step: the new 80 ms of each stream to the device, batched log-mel there
-        windows = torch.stack(self.host_mel)
-        mel = r.log_mel(windows, 8)
+        # front-end work of a real step: each stream's sample window to the device (log-mel, conv stem,
+        # encoder layers and adapter run in the encoder graph)
         mark("mel")
-        r.encoder.run(1, mel, self.slots, self.lm_pos)
+        r.encoder.run(1, self.host_mel, self.slots, self.lm_pos)
         mark("encoder")
         ids = r.decode(self.slots, self.lm_pos, self.tokens, self.delays)
         mark("decode")
@@ -192,7 +190,7 @@ def _time_steps(sim: SyntheticStreams, steps: int, warmup: int, trace: StepTrace
     return out
 
 
-def bench_b1(model, bw: float, steps: int) -> dict:
+def bench_b1(model, bw: float, steps: int, profile: bool = False) -> dict:
     runner = ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1, max_session_seconds=600))
     sim = SyntheticStreams(runner, 1, [750])
     t = time_steps(sim, steps)
@@ -201,15 +199,21 @@ def bench_b1(model, bw: float, steps: int) -> dict:
     dev = []
     for _ in range(50):
         s_ev.record()
-        runner.encoder.run(1, sim.mel, sim.slots, sim.lm_pos)
+        runner.encoder.run(1, sim.host_mel, sim.slots, sim.lm_pos)
         runner.decode(sim.slots, sim.lm_pos, sim.tokens, sim.delays)
         e_ev.record()
         e_ev.synchronize()
         dev.append(s_ev.elapsed_time(e_ev))
+    prof = kernel_profile(lambda: (runner.encoder.run(1, sim.host_mel, sim.slots, sim.lm_pos),
+                                   runner.decode(sim.slots, sim.lm_pos, sim.tokens, sim.delays))) if profile else None
     sim.release()
     floor_ms = weight_bytes(model) / bw * 1e3
-    return {**t, "device_median_ms": statistics.median(dev), "floor_ms": floor_ms,
-            "ratio_to_floor": t["median_ms"] / floor_ms, "device_ratio_to_floor": statistics.median(dev) / floor_ms}
+    out = {**t, "device_median_ms": statistics.median(dev), "floor_ms": floor_ms,
+           "ratio_to_floor": t["median_ms"] / floor_ms, "device_ratio_to_floor": statistics.median(dev) / floor_ms}
+    if prof is not None:
+        prof["gemm_GBps"] = weight_bytes(model) / 1e9 / (prof["by_kind_us"].get("gemm", 0.0) / 1e6 or float("nan"))
+        out["kernel_profile"] = prof
+    return out
 
 
 def bench_b2(model, counts: list[int], steps: int, session_s: float, trace: bool = False) -> tuple[list[dict], int]:
@@ -356,6 +360,7 @@ def main() -> int:
     ap.add_argument("--paced-seconds", type=float, default=12.0)
     ap.add_argument("--paced-streams", default="", help="comma list: paced runs at these counts (default: B2's best)")
     ap.add_argument("--trace", action="store_true", help="B2: per-step phase times and the slowest steps")
+    ap.add_argument("--profile", action="store_true", help="B1: kernel inventory of a step (torch.profiler)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: b1,b2,paced,b3,b4")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
@@ -385,7 +390,7 @@ def main() -> int:
     }
     log.info("memory %s", report["memory"])
     if "b1" not in skip:
-        report["B1"] = bench_b1(model, bw, args.steps)
+        report["B1"] = bench_b1(model, bw, args.steps, args.profile)
         log.info("B1 %s", report["B1"])
     counts = [int(x) for x in args.counts.split(",")]
     counts = [n for n in counts if n <= report["memory"]["admission_limit_session"]]

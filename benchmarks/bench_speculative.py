@@ -39,11 +39,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from realtime.audio import load_audio_file
 from realtime.engine import BatchedEngine, RunnerOptions
-from realtime.engine.offline import run_engine_offline
+from realtime.engine.offline import OfflineRun, run_engine_offline
 from realtime.engine.speculation import SpeculativeConfig
 from realtime.model_store import load_model_and_tokenizer
 from realtime.serving import StreamDone, StreamFailed
 from speculative.drafter import load_drafter
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from profile_tools import host_profile, profile_kernels
 
 log = logging.getLogger("bench_speculative")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -103,6 +106,26 @@ def offline(model, tok, clips, opts, spec) -> tuple[dict, list[list[int]]]:
     return out, [r.token_ids for r in run.results]
 
 
+def profile_batch1(model, tok, clips, opts, spec) -> dict:
+    """Where a batch-1 step (plain) and round (speculative) go: device kernels per step from one
+    profiled run, host functions from another (cProfile)."""
+    out = {}
+    for mode, sp in (("without", None), ("with", spec)):
+        eng = BatchedEngine(model, tok, opts=opts, speculative=sp)
+        torch.cuda.synchronize()
+        runs: list[OfflineRun] = []
+        kernels = profile_kernels(lambda e=eng, r=runs: r.append(run_engine_offline(e, clips)), lambda r=runs: r[0].steps)
+        eng = BatchedEngine(model, tok, opts=opts, speculative=sp)
+        torch.cuda.synchronize()
+        host = host_profile(lambda e=eng: run_engine_offline(e, clips))
+        out[mode] = {"steps": runs[0].steps, "wall_ms_per_step": 1e3 * runs[0].seconds / runs[0].steps,
+                     **{k: v for k, v in kernels.items() if k != "steps"}, "host_top": host}
+        log.info("profile %s speculation: %d steps, wall %.3f ms/step (under the profiler), kernels %.0f/step, "
+                 "busy %.3f ms/step", mode, out[mode]["steps"], out[mode]["wall_ms_per_step"],
+                 out[mode]["kernels_per_step"], out[mode]["busy_us_per_step"] / 1e3)
+    return out
+
+
 def median_run(runs: list[tuple[dict, list[list[int]]]]) -> tuple[dict, list[list[int]]]:
     """The run with the median wall time (runs of one mode on the same clips: same tokens and steps)."""
     return sorted(runs, key=lambda r: r[0]["wall_seconds"])[len(runs) // 2]
@@ -153,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--repeats", type=int, default=1,
                     help="offline runs per mode and clip group, alternating; the median run is reported")
+    ap.add_argument("--profile", action="store_true",
+                    help="batch 1: kernel inventory per step and host functions, without and with speculation")
     ap.add_argument("--skip-flush", action="store_true", help="leave out S2 (end-of-stream flush)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
@@ -212,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                                 for clips in groups])
             row["text_only_drafter"] = text_only
             row["speedup_text_only"] = base["wall_seconds"] / text_only["wall_seconds"]
+        if args.profile and b == 1 and model.device.type == "cuda":
+            row["profile"] = profile_batch1(model, tok, groups[0], opts, spec)
         report["offline"][str(b)] = row
         log.info("offline batch %d: %.1fx -> %.1fx real time (speed-up %.2f), acceptance %.3f, mean length %.2f, "
                  "identical %d/%d", b, base["x_real_time"], with_spec["x_real_time"], row["speedup"],

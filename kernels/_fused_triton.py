@@ -55,16 +55,25 @@ def launch_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: 
 
 
 @triton.jit
-def _rope_kernel(x_ptr, y_ptr, cos_ptr, sin_ptr, n_heads, sxt, sxh, syt, syh, sc,
-                 HALF: tl.constexpr, BLOCK_H: tl.constexpr):
-    """One program per (token, block of heads): y = x*cos + rotate_half(x)*sin, rounded like eager."""
+def _rope_kernel(q_ptr, k_ptr, yq_ptr, yk_ptr, cos_ptr, sin_ptr, n_q, n_k, sqt, sqh, skt, skh, syqt, syqh, sykt, sykh,
+                 sc, Q_BLOCKS, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    """One program per (token, block of q heads or of k heads): y = x*cos + rotate_half(x)*sin, rounded
+    like eager. q and k share the launch (one kernel per attention layer, not two)."""
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hb = tl.program_id(1)
+    if hb < Q_BLOCKS:
+        h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        hm = h < n_q
+        base = q_ptr + t * sqt + h[:, None] * sqh
+        out = yq_ptr + t * syqt + h[:, None] * syqh
+    else:
+        h = (hb - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+        hm = h < n_k
+        base = k_ptr + t * skt + h[:, None] * skh
+        out = yk_ptr + t * sykt + h[:, None] * sykh
     d = tl.arange(0, HALF)
-    hm = h < n_heads
     m = hm[:, None]
-    dt = y_ptr.dtype.element_ty
-    base = x_ptr + t * sxt + h[:, None] * sxh
+    dt = yq_ptr.dtype.element_ty
     x1 = tl.load(base + d[None, :], mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(base + HALF + d[None, :], mask=m, other=0.0).to(tl.float32)
     c1 = tl.load(cos_ptr + t * sc + d).to(tl.float32)[None, :]
@@ -74,32 +83,34 @@ def _rope_kernel(x_ptr, y_ptr, cos_ptr, sin_ptr, n_heads, sxt, sxh, syt, syh, sc
     # eager: (x*cos) and (rotate_half(x)*sin) are each rounded to the dtype before the add
     y1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
     y2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
-    out = y_ptr + t * syt + h[:, None] * syh
     tl.store(out + d[None, :], y1, mask=m)
     tl.store(out + HALF + d[None, :], y2, mask=m)
 
 
-def _rope_one(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
-    t_all = x.shape[0] * x.shape[1]
-    heads, d = x.shape[2], x.shape[3]
-    x3 = x.reshape(t_all, heads, d)
-    if x3.stride(2) != 1:
-        x3 = x3.contiguous()
-    y = torch.empty(t_all, heads, d, device=x.device, dtype=x.dtype)
-    block_h = min(16, triton.next_power_of_2(heads))
-    if t_all:
-        _rope_kernel[(t_all, triton.cdiv(heads, block_h))](x3, y, cos2, sin2, heads, x3.stride(0), x3.stride(1),
-                                                           y.stride(0), y.stride(1), cos2.stride(0),
-                                                           HALF=d // 2, BLOCK_H=block_h, num_warps=2)
-    return y.view(x.shape)
+def _tokens_heads(x: torch.Tensor) -> torch.Tensor:
+    """[B, T, H, D] -> [B*T, H, D] with unit stride along D (a view when possible)."""
+    x3 = x.reshape(x.shape[0] * x.shape[1], x.shape[2], x.shape[3])
+    return x3 if x3.stride(2) == 1 else x3.contiguous()
 
 
 def launch_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if q.dtype != k.dtype:
+        raise TypeError(f"rope: q is {q.dtype}, k is {k.dtype}")
     d = q.shape[-1]
     cos2 = cos.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
     sin2 = sin.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
-    return _rope_one(q, cos2, sin2), _rope_one(k, cos2, sin2)
+    q3, k3 = _tokens_heads(q), _tokens_heads(k)
+    yq, yk = torch.empty(q3.shape, device=q.device, dtype=q.dtype), torch.empty(k3.shape, device=k.device, dtype=k.dtype)
+    t_all, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
+    block_h = min(16, triton.next_power_of_2(max(nq, nk)))
+    q_blocks = triton.cdiv(nq, block_h)
+    if t_all:
+        _rope_kernel[(t_all, q_blocks + triton.cdiv(nk, block_h))](
+            q3, k3, yq, yk, cos2, sin2, nq, nk, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
+            yq.stride(0), yq.stride(1), yk.stride(0), yk.stride(1), cos2.stride(0), q_blocks,
+            HALF=d // 2, BLOCK_H=block_h, num_warps=2)
+    return yq.view(q.shape), yk.view(k.shape)
 
 
 @triton.jit

@@ -167,10 +167,33 @@ class ConvStem(nn.Module):
         if mel.shape[-1] % 2:
             raise ValueError(f"conv stem needs an even number of mel frames, got {mel.shape[-1]}")
         x1 = torch.cat([state[0], mel], dim=-1)
-        y1 = F.gelu(self.conv1(x1))
-        x2 = torch.cat([state[1], y1], dim=-1)
-        y2 = F.gelu(self.conv2(x2))
-        return y2.transpose(1, 2), (x1[..., -2:], x2[..., -1:])
+        if torch.is_grad_enabled() or not x1.is_cuda:  # training, and the CPU: the convolutions themselves
+            y1 = F.gelu(self.conv1(x1))
+            x2 = torch.cat([state[1], y1], dim=-1)
+            y2 = F.gelu(self.conv2(x2))
+            return y2.transpose(1, 2), (x1[..., -2:], x2[..., -1:])
+        # CUDA inference: each convolution as one matrix product over its input windows, time-major. A
+        # streaming step convolves a handful of frames, where cuDNN spent more time converting the
+        # weights' layout (NCHW -> NHWC, every call) than convolving (H200 kernel profile, B1).
+        return self.forward_as_matmuls(x1, state[1])
+
+    def forward_as_matmuls(self, x1: torch.Tensor, state2: torch.Tensor
+                           ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """`forward` after its first concatenation (x1 = [conv1 state; mel]), the convolutions as
+        matrix products (any device; tested against the convolutions on the CPU)."""
+        y1 = F.gelu(_conv_as_linear(x1.transpose(1, 2), self.conv1))  # [B, F, hidden]
+        x2 = torch.cat([state2.transpose(1, 2), y1], dim=1)
+        y2 = F.gelu(_conv_as_linear(x2, self.conv2))
+        return y2, (x1[..., -2:], x2[:, -1:].transpose(1, 2))
+
+
+def _conv_as_linear(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """`conv` (no padding or dilation) of time-major x [B, L, C_in] -> [B, L_out, C_out]: the windows
+    [B, L_out, C_in, k] flattened channel-major match the weight [C_out, C_in, k] viewed as a matrix."""
+    (k,), (stride,) = conv.kernel_size, conv.stride
+    windows = x.unfold(1, k, stride)  # [B, L_out, C_in, k]
+    b, n = windows.shape[:2]
+    return F.linear(windows.reshape(b, n, -1), conv.weight.reshape(conv.out_channels, -1), conv.bias)
 
 
 class EncoderLayer(nn.Module):

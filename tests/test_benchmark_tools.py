@@ -1,4 +1,5 @@
-"""Helpers of the benchmark scripts whose figures the docs quote: position kinds, speed warp, median run."""
+"""Helpers of the benchmark scripts whose figures the docs quote: position kinds, speed warp, median run,
+kernel inventory."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from bench_speculative import median_run
 from drafter_accuracy import position_kinds
 from make_speech_clips import RATE, speed_warp
+from profile_tools import kernel_kind, summarize_kernels
 
 PAD = 32
 
@@ -55,3 +57,20 @@ def test_median_run_reports_the_middle_wall_time() -> None:
     runs = [({"wall_seconds": w}, [[i]]) for i, w in enumerate([0.9, 0.5, 0.7, 1.4, 0.6])]
     out, tokens = median_run(runs)
     assert out["wall_seconds"] == 0.7 and tokens == [[2]]
+
+
+def test_kernel_inventory_counts_overlaps_once_and_sorts_kernels_by_kind() -> None:
+    kernels = [  # (name, start us, end us) over 2 steps; the attention kernel overlaps the first GEMV
+        ("std::gemv_kernel<bf16>", 0.0, 10.0), ("_paged_attention_kernel", 5.0, 15.0),
+        ("add_rms_norm_kernel", 20.0, 22.0), ("std::gemv_kernel<bf16>", 30.0, 40.0), ("elementwise_copy", 41.0, 42.0)]
+    r = summarize_kernels(kernels, 2)
+    assert r["kernels_per_step"] == 2.5
+    assert r["kernel_us_per_step"] == (10 + 10 + 2 + 10 + 1) / 2
+    assert r["busy_us_per_step"] == (15 + 2 + 10 + 1) / 2  # [0, 15] counted once
+    assert r["first_to_last_us_per_step"] == 42 / 2
+    assert r["by_kind_us"] == {"gemm": 10.0, "attention": 5.0, "norm": 1.0, "other": 0.5}
+    assert r["top"][0]["name"] == "std::gemv_kernel<bf16>" and r["top"][0]["per_step"] == 1.0
+    assert [kernel_kind(n) for n in ("combine_splits_kernel", "nvjet_tst_128x8", "rope_kernel", "write_kv_kernel",
+                                     "silu_mul_kernel", "gather_add_kernel")] == [
+        "attention", "gemm", "rope", "kv_write", "act", "gather_add"]
+    assert summarize_kernels([], 3)["busy_us_per_step"] == 0.0

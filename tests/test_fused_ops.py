@@ -73,9 +73,11 @@ def _check_backend(device: str, dtype: torch.dtype, backend: str, atol: float) -
             assert torch.equal(h, h_ref)
             torch.testing.assert_close(y, y_ref, atol=atol, rtol=0)
     g = torch.Generator().manual_seed(2)
-    for t, hq, hk, d in ((1, 4, 2, 16), (9, 32, 8, 128), (4, 32, 32, 64)):
-        q = torch.randn(1, t, hq, d, generator=g).to(device, dtype)
-        k = torch.randn(1, t, hk, d, generator=g).to(device, dtype)
+    for t, hq, hk, d in ((1, 4, 2, 16), (9, 32, 8, 128), (4, 32, 32, 64), (3, 20, 6, 32)):
+        # q and k as views of one fused projection (as the model makes them): strided along tokens
+        qkv = torch.randn(1, t, (hq + 2 * hk) * d, generator=g).to(device, dtype)
+        q = qkv[..., : hq * d].view(1, t, hq, d)
+        k = qkv[..., hq * d: (hq + hk) * d].view(1, t, hk, d)
         ang = torch.randn(1, t, d // 2, generator=g)
         cos = torch.cat([ang.cos(), ang.cos()], -1).to(device, dtype)
         sin = torch.cat([ang.sin(), ang.sin()], -1).to(device, dtype)

@@ -3,21 +3,24 @@
 Live decoding encodes one audio token per stream per step (n = 1). Speculating k tokens at LM
 position p needs the audio embeddings of positions p .. p+k, so the encoder must then run ahead
 of the LM, several tokens per call. One call encodes `n` consecutive audio tokens for each stream of
-a batch (n a power of two up to the largest chunk): mel [B, n_mels, 8n] through the conv stem (per
-stream state), the encoder layers (paged sliding-window attention, 4n query frames per stream:
+a batch (n a power of two up to the largest chunk): the raw sample windows [B, samples for 8n mel
+frames] through the log-mel front-end (float64 FFT on the device), the conv stem (per stream state), the encoder layers (paged sliding-window attention, 4n query frames per stream:
 the encoder ring is sized for `fpt * max_step_tokens` queries, so n <= max_step_tokens) and the
 adapter; the n embeddings of each stream land in the runner's `audio_cache` ring at rows
 `slot * C + position % C`. A stream that needs 7 tokens runs in the 4-, 2- and 1-token calls of
 the step, in that order (its tokens stay in sequence: each call starts where the last ended).
 
-Buffers are persistent (their index metadata comes in one host copy per call, `staging`) and, on
-CUDA, each chunk size has graphs per batch bucket, captured on padding rows like the decode graphs;
-the eager path runs the same code on the exact batch.
+Buffers are persistent (their index metadata comes in one host copy per call, `staging`; the
+sample windows in one more, from a pinned buffer) and, on CUDA, each chunk size has graphs per batch
+bucket, captured on padding rows like the decode graphs; the eager path runs the same code on the
+exact batch. The log-mel runs inside the graph: eagerly it was ~15 launches per call, which at batch
+1 cost more host time than the rest of the encoder step's launch (one graph replay).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -57,9 +60,15 @@ class LookaheadEncoder:
         self.max_chunk = self.sizes[0]
         self.fpt = fpt = c.streaming.downsample_factor
         self.mpt = c.streaming.mel_frames_per_token
-        b, dev, dt = runner.opts.max_batch, runner.device, runner.dtype
+        b, dev = runner.opts.max_batch, runner.device
         width = runner.enc_cache.width
-        self.mel = {n: torch.zeros(b, c.audio.num_mel_bins, self.mpt * n, device=dev, dtype=dt) for n in self.sizes}
+        # sample windows of each call: filled on the host (pinned) and copied once per call
+        need = {n: runner.mel.samples_needed(self.mpt * n) for n in self.sizes}
+        self.samples = {n: torch.zeros(b, need[n], device=dev, dtype=torch.float32) for n in self.sizes}
+        cuda = dev.type == "cuda"
+        self._staging = {n: torch.zeros(b, need[n], dtype=torch.float32, pin_memory=True) for n in self.sizes} if cuda \
+            else {}
+        self._copied = {n: torch.cuda.Event() for n in self.sizes} if cuda else {}  # staging free again
         # which stream (row of `tables`) each query frame belongs to, per chunk size (constant)
         self.seq = {n: torch.arange(b, dtype=torch.int32, device=dev).repeat_interleave(fpt * n) for n in self.sizes}
         pad_row = runner.pad_slot * runner.cache_len
@@ -84,7 +93,8 @@ class LookaheadEncoder:
         rows = b * self.fpt * n
         slots = m["slots"][:b]
         state = (r.conv1_state.index_select(0, slots), r.conv2_state.index_select(0, slots))
-        frames, (s1, s2) = r.model.audio_tower.embedder(self.mel[n][:b], state)
+        mel = r.mel.from_padded(self.samples[n][:b], self.mpt * n).to(r.dtype)  # [b, n_mels, 8n]
+        frames, (s1, s2) = r.model.audio_tower.embedder(mel, state)
         r.conv1_state.index_copy_(0, slots, s1)
         r.conv2_state.index_copy_(0, slots, s2)
         pos = m["pos"][:rows]
@@ -108,15 +118,18 @@ class LookaheadEncoder:
     def _encode_group(self, group: list[EngineStream], n: int) -> None:
         if not group:
             return
-        mel = self.runner._mel_batch(group, n)  # [b, n_mels, 8n] (advances each stream's mel front-end)
-        self.run(n, mel, [s.slot for s in group], [s.audio_done for s in group])
+        frames = self.mpt * n
+        windows = [s.mel.window(frames) for s in group]  # views of each stream's sample buffer
+        self.run(n, windows, [s.slot for s in group], [s.audio_done for s in group])
         for s in group:
+            s.mel.advance(frames)
             s.audio_done += n
 
     @torch.no_grad()
-    def run(self, n: int, mel: torch.Tensor, slots: list[int], audio_done: list[int]) -> None:
-        """Encode `n` tokens per stream from mel [b, n_mels, 8n]: stream i (cache slot `slots[i]`)
-        at audio token index `audio_done[i]`. (Benchmarks drive the encoder through this directly.)"""
+    def run(self, n: int, windows: Sequence[torch.Tensor], slots: list[int], audio_done: list[int]) -> None:
+        """Encode `n` tokens per stream from its host sample window (the samples its next 8n mel
+        frames read, `IncrementalLogMel.window`): stream i (cache slot `slots[i]`) at audio token
+        index `audio_done[i]`. (Benchmarks drive the encoder through this directly.)"""
         r, fpt = self.runner, self.fpt
         b = len(slots)
         h = self.meta[n].begin()
@@ -130,7 +143,13 @@ class LookaheadEncoder:
             h["tables"][i] = r.enc_cache.tables_host[slot]
             h["rows"][i * n: (i + 1) * n] = slot * cl + (done + np.arange(n)) % cl
         self.meta[n].upload()
-        self.mel[n][:b] = mel
+        if n in self._copied:  # CUDA: through the pinned staging rows, one non-blocking copy
+            self._copied[n].synchronize()  # the last call's copy has left the staging rows
+            torch.stack(list(windows), out=self._staging[n][:b])
+            self.samples[n][:b].copy_(self._staging[n][:b], non_blocking=True)
+            self._copied[n].record()
+        else:
+            torch.stack(list(windows), out=self.samples[n][:b])
         graphs = self.graphs.get(n)
         if graphs is not None:
             graphs.replay(graphs.bucket(b))

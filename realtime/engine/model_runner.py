@@ -113,9 +113,14 @@ class ModelRunner:
         # the encoder step (one audio token per stream; several when speculation looks ahead)
         self.encoder = LookaheadEncoder(self, opts.encoder_chunk)
         self.graphs: DecodeGraphRunner | None = None
+        self.input_graphs: DecodeGraphRunner | None = None
         if opts.cuda_graphs and dev.type == "cuda":
             self.graphs = DecodeGraphRunner(self._decode_forward, opts.max_batch, dev)
             self.graphs.capture()
+            # the input merge gets graphs of its own: launched eagerly, a Triton kernel costs more host
+            # time than a graph replay, and the LM graphs stay captured on dummy input buffers
+            self.input_graphs = DecodeGraphRunner(self._merge_inputs, opts.max_batch, dev)
+            self.input_graphs.capture()
 
     # -- admission -----------------------------------------------------------------------------
     def can_admit(self) -> bool:
@@ -132,13 +137,6 @@ class ModelRunner:
         self.lm_cache.release(slot)
 
     # -- audio ---------------------------------------------------------------------------------
-    def _mel_batch(self, streams: list[EngineStream], n_tokens: int) -> torch.Tensor:
-        frames = n_tokens * self.cfg.streaming.mel_frames_per_token
-        windows = torch.stack([s.mel.window(frames) for s in streams])
-        for s in streams:
-            s.mel.advance(frames)
-        return self.log_mel(windows, frames)
-
     def log_mel(self, windows: torch.Tensor, frames: int) -> torch.Tensor:
         """Host sample windows [B, N] float32 -> log-mel [B, n_mels, frames] on the device, model dtype.
         Only the raw samples cross to the device; the FFT runs there (see `LogMel`)."""
@@ -151,6 +149,13 @@ class ModelRunner:
         self.encoder.encode([(s, 1) for s in streams])
 
     # -- LM decode step ------------------------------------------------------------------------
+    def _merge_inputs(self, b: int) -> None:
+        """The one place embeddings are merged: embed(token) + audio of its position, written into the
+        persistent inputs_embeds that the (dummy-captured) LM graph reads; padding rows become zeros."""
+        m = self.meta.dev
+        gather_add_embeddings(self.inputs_embeds[:b], m["token_ids"][:b], self.model.language_model.embed_tokens.weight,
+                              self.audio_cache, m["audio_rows"][:b])
+
     def _decode_forward(self, b: int) -> None:
         """The LM step over the first `b` rows of the persistent buffers (graph-capturable)."""
         m = self.meta.dev
@@ -183,14 +188,11 @@ class ModelRunner:
         for i, (slot, p) in enumerate(zip(slots, positions)):
             h["slot_mapping"][i] = self.lm_cache.host_slots(slot, np.asarray([p]))[0]
         self.meta.upload()
-        run_b = self.graphs.bucket(b) if self.graphs is not None else b
-        # the one place embeddings are merged: embed(token) + audio of its position, written into the
-        # persistent inputs_embeds the (dummy-captured) graph reads; padding rows become zeros
-        m = self.meta.dev
-        gather_add_embeddings(self.inputs_embeds[:run_b], m["token_ids"][:run_b],
-                              self.model.language_model.embed_tokens.weight, self.audio_cache, m["audio_rows"][:run_b])
-        if self.graphs is not None:
+        if self.graphs is not None and self.input_graphs is not None:
+            run_b = self.graphs.bucket(b)
+            self.input_graphs.replay(run_b)
             self.graphs.replay(run_b)
         else:
+            self._merge_inputs(b)
             self._decode_forward(b)
         return self.next_ids[:b]

@@ -36,8 +36,9 @@ CUDA graphs (when `RunnerOptions.cuda_graphs` and CUDA): catch-up (bucketed by r
 captured on padding rows of persistent buffers, like the decode graphs. A step's index metadata
 (positions, slot mappings computed on the host from host copies of the rings, cache rows, block
 tables) arrives in one host-to-device copy per dtype (`staging`); the target's input merge (drafts
-into the tokens, gather-add) runs before the verify replay. Eager work per step: that copy, three
-small kernels and the gather-add. A join writes the drafter's prefix pages and stash row in place,
+into the tokens, gather-add) has graphs of its own, replayed before the verify graph, which stays
+captured on dummy input buffers. Eager work per step: that copy; the step's outputs land in one
+buffer, brought to the host by one copy. A join writes the drafter's prefix pages and stash row in place,
 between steps (as the target's prefix pages are written): no buffer a graph reads moves or changes
 shape, and a prompt row is laid out like any row without drafts.
 """
@@ -235,12 +236,14 @@ class Speculator:
         self.g_c = torch.zeros(r, h, device=dev, dtype=dt)  # catch-up drafter outputs
         self.drafts = torch.zeros(b, k, dtype=i64, device=dev)
         self.dr_seq = torch.arange(b, dtype=i32, device=dev)
-        self.v_tokens = torch.full((r,), -1, dtype=i64, device=dev)
+        # the step's output, one buffer so that one copy brings it to the host: the target's argmax per
+        # verify row (first r entries), then the verify rows' input tokens (the drafts; last r entries)
+        self.v_out = torch.full((2 * r,), -1, dtype=i64, device=dev)
+        self.v_next, self.v_tokens = self.v_out[:r], self.v_out[r:]
         self.v_embeds = torch.zeros(r, h, device=dev, dtype=dt)
-        self.v_next = torch.zeros(r, dtype=i64, device=dev)
 
         self._plan: _Plan | None = None
-        self.g_catchup = self.g_chain = self.g_verify = None
+        self.g_catchup = self.g_chain = self.g_verify = self.g_verify_inputs = None
         if opts.cuda_graphs and dev.type == "cuda":
             self._capture()
         logger.info("speculation on: k=%d, drafter %s (%s), encoder look-ahead chunk %d, audio ring %d, "
@@ -276,6 +279,15 @@ class Speculator:
             g = d(x[None], g[None], pos[None], t_cond, backend)[0]
             self.drafts[:s, j] = d.logits(g).argmax(-1)
 
+    def _verify_inputs(self, t: int) -> None:
+        """The target's inputs of the verify rows: the drafts merged into the known tokens, then
+        embed(token) + audio of the row's position (gather-add) into the persistent `v_embeds`."""
+        m = self.m
+        src = m["v_src"][:t]
+        torch.where(src >= 0, self.drafts.view(-1)[src.clamp(min=0)], m["v_tok"][:t], out=self.v_tokens[:t])
+        gather_add_embeddings(self.v_embeds[:t], self.v_tokens[:t], self.runner.model.language_model.embed_tokens.weight,
+                              self.runner.audio_cache, m["v_aud"][:t])
+
     def _verify_forward(self, t: int) -> None:
         model, m = self.runner.model, self.m
         pos = m["v_pos"][:t]
@@ -292,6 +304,8 @@ class Speculator:
         self.g_catchup.capture()
         self.g_chain = DecodeGraphRunner(self._chain_forward, b, dev)  # also holds the first draft's head
         self.g_chain.capture()
+        self.g_verify_inputs = DecodeGraphRunner(self._verify_inputs, self.max_rows, dev)
+        self.g_verify_inputs.capture()
         self.g_verify = DecodeGraphRunner(self._verify_forward, self.max_rows, dev)
         self.g_verify.capture()
         logger.info("captured speculative graphs: catch-up/verify buckets %s, chain buckets %s",
@@ -353,13 +367,13 @@ class Speculator:
     # -- one step -------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, streams: list[EngineStream]) -> torch.Tensor:
-        """Look-ahead, draft and verify for the scheduled streams. Returns a device tensor
-        [2 * rows]: the target's argmax per verify row, then the verify input tokens (the drafts)."""
+        """Look-ahead, draft and verify for the scheduled streams. Returns a device tensor for `accept`
+        (a view of the output buffer): the target's argmax per verify row at [0, rows), the verify
+        input tokens (the drafts) at [max_rows, max_rows + rows)."""
         self._look_ahead(streams)
         plan, n_catchup, n_draft = self._layout(streams)
         self._run(plan, n_catchup, n_draft)
-        t = plan.rows
-        return torch.cat([self.v_next[:t], self.v_tokens[:t]])
+        return self.v_out[: self.max_rows + plan.rows]
 
     def _look_ahead(self, streams: list[EngineStream]) -> None:
         """Encode audio ahead of the LM: up to `chunk` tokens for a stream with fewer than k+1 ready."""
@@ -436,7 +450,7 @@ class Speculator:
 
     def _run(self, plan: _Plan, t0: int, n_draft: int) -> None:
         """Catch-up, chain and verify on the device (graph replays when captured)."""
-        m, t = self.m, plan.rows
+        t = plan.rows
         graphs = self.g_verify is not None
         if graphs:
             self.g_catchup.replay(self.g_catchup.bucket(t0))
@@ -448,15 +462,12 @@ class Speculator:
             else:
                 self._chain_forward(n_draft)
         # verify: merge the drafts into the input tokens, gather-add, then the target
-        run_t = self.g_verify.bucket(t) if graphs else t
-        src = m["v_src"][:run_t]
-        torch.where(src >= 0, self.drafts.view(-1)[src.clamp(min=0)], m["v_tok"][:run_t], out=self.v_tokens[:run_t])
-        gather_add_embeddings(self.v_embeds[:run_t], self.v_tokens[:run_t],
-                              self.runner.model.language_model.embed_tokens.weight, self.runner.audio_cache,
-                              m["v_aud"][:run_t])
         if graphs:
+            run_t = self.g_verify.bucket(t)
+            self.g_verify_inputs.replay(run_t)
             self.g_verify.replay(run_t)
         else:
+            self._verify_inputs(t)
             self._verify_forward(t)
         self._plan = plan
 
@@ -464,8 +475,8 @@ class Speculator:
         """Greedy acceptance from `step`'s output (on the host): per stream (in `streams` order) the
         tokens to emit: the accepted drafts and the target's token after them."""
         plan = self._plan
-        assert plan is not None and len(host) == 2 * plan.rows
-        nxt, inp = host[: plan.rows], host[plan.rows:]
+        assert plan is not None and len(host) == self.max_rows + plan.rows
+        nxt, inp = host[: plan.rows], host[self.max_rows:]
         out: dict[int, list[int]] = {}
         m = self.metrics
         for s, ks, p, base in zip(plan.order, plan.k_s, plan.p, plan.verify_base):
