@@ -6,7 +6,9 @@
 The set is the one `realtime.train.gpu_run run --seed N` evaluates: `plan_tasks(..., seed=N)`'s
 evaluation tasks (40 test sentences per held-out voice and per seen voice), synthesised here into
 `--shards` (kept, so later calls reuse it), plus the real recordings of `.train_carry/real`.
-Decoded at 480 ms only: per-voice WER for each model, side by side.
+Decoded at 480 ms (per-voice WER for each model, side by side); `--delays 160 480 960 2400
+--sweep-per-voice 12` adds the other delays on `--sweep-per-voice` utterances per voice, as the
+device's own evaluation does.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--carry", default=".train_carry")
     ap.add_argument("--shards", default=None, help="default: /tmp/streamscribe-eval-seed<N>")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--delays", type=int, nargs="+", default=[480], help="ms; 480 is always scored in full")
+    ap.add_argument("--sweep-per-voice", type=int, default=0, help="utterances per voice at the other delays")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -44,11 +48,14 @@ def main(argv: list[str] | None = None) -> int:
                            eval_per_voice=args.per_voice, seed=args.seed)
         synthesize(tasks, shards, workers=args.workers)
     real = carry / "real"
-    report: dict = {"seed": args.seed, "per_voice": args.per_voice, "delay_ms": 480}
+    delays = sorted(set(args.delays) | {480})
+    report: dict = {"seed": args.seed, "per_voice": args.per_voice, "delay_ms": 480, "delays": delays,
+                    "sweep_per_voice": args.sweep_per_voice}
     for spec in args.models:
         name, _, folder = spec.partition("=")
         t0 = time.time()
-        result = evaluate(Path(folder), shards, delays=[480], per_voice=args.per_voice, sweep_per_voice=0,
+        result = evaluate(Path(folder), shards, delays=delays, per_voice=args.per_voice,
+                          sweep_per_voice=args.sweep_per_voice if len(delays) > 1 else 0,
                           real_dir=real if real.exists() else None, workers=args.workers)
         report[name] = {"folder": folder, **result}
         logger.info("%s scored in %.0f s", name, time.time() - t0)
