@@ -31,9 +31,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from realtime.engine.model_runner import ModelRunner, RunnerOptions, kv_bytes_per_stream  # noqa: E402
-from realtime.loader import load_model  # noqa: E402
-from profile_tools import kernel_profile  # noqa: E402
+from profile_tools import kernel_profile
+
+from realtime.engine.model_runner import ModelRunner, RunnerOptions, kv_bytes_per_stream
+from realtime.loader import load_model
 
 log = logging.getLogger("bench_engine")
 
@@ -113,10 +114,11 @@ def _no_mark(name: str) -> None:
 
 
 class StepTrace:
-    """Where a step's time goes, to explain slow steps: host wall clock between phases (front-end:
-    sample upload and log-mel launch; encoder launch; LM launch; wait for the token ids) and, from
-    CUDA events recorded at the same points, the device time of the encoder and LM parts. Events
-    never synchronise, so the trace leaves the step as it is. Python GC runs in a step are counted."""
+    """Where a step's time goes, to explain slow steps: host wall clock between phases (front-end;
+    encoder launch, which since the eighth session includes the sample upload and the log-mel, run in
+    the encoder graph, so the "mel" phase is empty; LM launch; wait for the token ids) and, from CUDA
+    events recorded at the same points, the device time of the encoder and LM parts. Events never
+    synchronise, so the trace leaves the step as it is. Python GC runs in a step are counted."""
 
     PHASES = ("mel", "encoder", "decode", "sync")
 
@@ -247,6 +249,7 @@ def paced_run(model, tokenizer, n: int, seconds: float, session_s: float, stagge
     beyond its frame, which arrives with the next chunk.
     """
     from conftest import synthetic_audio
+
     from realtime.engine import BatchedEngine
     from realtime.serving import StreamToken
 
@@ -290,7 +293,7 @@ def paced_run(model, tokenizer, n: int, seconds: float, session_s: float, stagge
     del eng
     lags.sort()
     steps = sorted(st.step_seconds[-2000:])
-    q = lambda xs, f: 1e3 * xs[min(len(xs) - 1, int(f * (len(xs) - 1)))] if xs else None  # noqa: E731
+    q = lambda xs, f: 1e3 * xs[min(len(xs) - 1, int(f * (len(xs) - 1)))] if xs else None
     return {"streams": n, "seconds": seconds, "stagger_s": stagger_s, "tokens_measured": len(lags),
             "lag_p50_ms": q(lags, 0.5), "lag_p99_ms": q(lags, 0.99), "lag_max_ms": q(lags, 1.0),
             "step_p50_ms": q(steps, 0.5), "step_p99_ms": q(steps, 0.99)}
@@ -318,7 +321,6 @@ def bench_b3(model, n_list: list[int], steps: int) -> list[dict]:
 
 def bench_b4(model_dir: Path, seconds: float, batches: list[int], ours: dict) -> list[dict]:
     import transformers
-
     from conftest import padded_for_offline, synthetic_audio
 
     transformers.logging.set_verbosity_error()
