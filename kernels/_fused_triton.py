@@ -101,7 +101,8 @@ def launch_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
     cos2 = cos.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
     sin2 = sin.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
     q3, k3 = _tokens_heads(q), _tokens_heads(k)
-    yq, yk = torch.empty(q3.shape, device=q.device, dtype=q.dtype), torch.empty(k3.shape, device=k.device, dtype=k.dtype)
+    yq = torch.empty(q3.shape, device=q.device, dtype=q.dtype)
+    yk = torch.empty(k3.shape, device=k.device, dtype=k.dtype)
     t_all, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
     block_h = min(16, triton.next_power_of_2(max(nq, nk)))
     q_blocks = triton.cdiv(nq, block_h)

@@ -4,10 +4,10 @@ Live decoding encodes one audio token per stream per step (n = 1). Speculating k
 position p needs the audio embeddings of positions p .. p+k, so the encoder must then run ahead
 of the LM, several tokens per call. One call encodes `n` consecutive audio tokens for each stream of
 a batch (n a power of two up to the largest chunk): the raw sample windows [B, samples for 8n mel
-frames] through the log-mel front-end (float64 FFT on the device), the conv stem (per stream state), the encoder layers (paged sliding-window attention, 4n query frames per stream:
-the encoder ring is sized for `fpt * max_step_tokens` queries, so n <= max_step_tokens) and the
-adapter; the n embeddings of each stream land in the runner's `audio_cache` ring at rows
-`slot * C + position % C`. A stream that needs 7 tokens runs in the 4-, 2- and 1-token calls of
+frames] through the log-mel front-end (float64 FFT on the device), the conv stem (per stream state),
+the encoder layers (paged sliding-window attention, 4n query frames per stream: the encoder ring is
+sized for `fpt * max_step_tokens` queries, so n <= max_step_tokens) and the adapter; the n
+embeddings of each stream land in the runner's `audio_cache` ring at rows `slot * C + position % C`. A stream that needs 7 tokens runs in the 4-, 2- and 1-token calls of
 the step, in that order (its tokens stay in sequence: each call starts where the last ended).
 
 Buffers are persistent (their index metadata comes in one host copy per call, `staging`; the

@@ -38,8 +38,8 @@ captured on padding rows of persistent buffers, like the decode graphs. A step's
 tables) arrives in one host-to-device copy per dtype (`staging`); the target's input merge (drafts
 into the tokens, gather-add) has graphs of its own, replayed before the verify graph, which stays
 captured on dummy input buffers. Eager work per step: that copy; the step's outputs land in one
-buffer, brought to the host by one copy. A join writes the drafter's prefix pages and stash row in place,
-between steps (as the target's prefix pages are written): no buffer a graph reads moves or changes
+buffer, brought to the host by one copy. A join writes the drafter's prefix pages and stash row in
+place, between steps (as the target's prefix pages are written): no buffer a graph reads moves or changes
 shape, and a prompt row is laid out like any row without drafts.
 """
 
@@ -285,8 +285,8 @@ class Speculator:
         m = self.m
         src = m["v_src"][:t]
         torch.where(src >= 0, self.drafts.view(-1)[src.clamp(min=0)], m["v_tok"][:t], out=self.v_tokens[:t])
-        gather_add_embeddings(self.v_embeds[:t], self.v_tokens[:t], self.runner.model.language_model.embed_tokens.weight,
-                              self.runner.audio_cache, m["v_aud"][:t])
+        emb = self.runner.model.language_model.embed_tokens.weight
+        gather_add_embeddings(self.v_embeds[:t], self.v_tokens[:t], emb, self.runner.audio_cache, m["v_aud"][:t])
 
     def _verify_forward(self, t: int) -> None:
         model, m = self.runner.model, self.m
