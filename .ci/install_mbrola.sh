@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# mbrola and its us1 voice for the synthesis tests. Both live in Debian's contrib/non-free sections,
-# which the image's sources do not list: use a private sources file (the machine's own Debian mirror)
-# and leave /etc alone (../shared/reference/speech_data.md §1). Failure only warns: the one test that
-# needs mbrola then reports itself as skipped.
+# mbrola and its us1 voice, and Festival with its rab and ked diphone voices, for the synthesis tests.
+# mbrola and rab live in Debian's contrib/non-free sections, which the image's sources do not list: use
+# a private sources file (the machine's own Debian mirror) and leave /etc alone
+# (../shared/reference/speech_data.md §1). Failure only warns: the tests that need them then report
+# themselves as skipped.
 set -uo pipefail
-[ -f /usr/share/mbrola/us1/us1 ] && command -v mbrola >/dev/null && exit 0
+[ -f /usr/share/mbrola/us1/us1 ] && command -v mbrola >/dev/null && command -v festival >/dev/null \
+  && [ -d /usr/share/festival/voices/english/rab_diphone ] && [ -d /usr/share/festival/voices/english/ked_diphone ] \
+  && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
 # the first active Debian URI (deb822 "URIs:" or one-line "deb" entries; comments skipped)
@@ -17,9 +20,9 @@ echo "deb ${mirror:-http://deb.debian.org/debian} $suite main contrib non-free" 
 opts=(-o "Dir::Etc::SourceList=$dir/sources.list" -o "Dir::Etc::SourceParts=$dir/parts"
       -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache")
 if $sudo apt-get "${opts[@]}" update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get "${opts[@]}" install -y -qq \
-     --no-install-recommends mbrola mbrola-us1 >/dev/null; then
-  echo "mbrola + us1 installed"
+     --no-install-recommends mbrola mbrola-us1 festival festvox-rablpc16k festvox-kdlpc16k >/dev/null; then
+  echo "mbrola + us1, festival + rab + ked installed"
 else
-  echo "WARNING: could not install mbrola (contrib/non-free); the mbrola synthesis test will be skipped" >&2
+  echo "WARNING: could not install mbrola/festival (contrib/non-free); their synthesis tests will be skipped" >&2
 fi
 rm -rf "$dir"

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .festival import festival_available
 from .synth import RATE, RawShard, plan_tasks, synthesize
 from .text_corpus import read_corpus
 from .voices import available, catalogue
@@ -93,7 +94,7 @@ def pack(args: argparse.Namespace) -> int:
     missing = sorted(set(args.voices) - {v.base for v in wanted})
     if missing:
         raise SystemExit(f"not training voices of the catalogue: {missing}")
-    voices = available(wanted, espeak=True, flite=True)
+    voices = available(wanted, espeak=True, flite=True, festival=festival_available())
     if len(voices) != len(wanted):
         raise SystemExit(f"voices not installed here: {sorted({v.base for v in wanted} - {v.base for v in voices})}")
     tasks = [dataclasses.replace(t, name="pre-" + t.name)

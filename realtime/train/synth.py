@@ -111,12 +111,16 @@ class Task:
 _ENGINES: dict[str, object] = {}
 
 
-def engine_for(kind: str):  # -> EspeakSynth | FliteSynth (imported lazily)
+def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth (imported lazily)
     if kind not in _ENGINES:
         if kind == "espeak":
             from .espeak import EspeakSynth
 
             _ENGINES[kind] = EspeakSynth()
+        elif kind == "festival":
+            from .festival import FestivalSynth
+
+            _ENGINES[kind] = FestivalSynth()
         else:
             from .flite import FliteSynth
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .espeak import EspeakVoice
+from .festival import FestivalVoice
 from .flite import FliteVoice
 
 # espeak-ng formant accents and variants (speech_data.md §1; names as espeak_SetVoiceByName takes them)
@@ -48,8 +49,8 @@ ACCENTED_MBROLA = (("ro1", False), ("pl1", True), ("fr1", False), ("sw2", True),
 class VoiceSpec:
     """A voice of the catalogue; `render` draws the per-utterance speed and pitch."""
 
-    engine: str  # "espeak" | "flite"
-    base: str  # espeak voice name (with +variant) or flite voice name
+    engine: str  # "espeak" | "flite" | "festival"
+    base: str  # espeak voice name (with +variant), flite or Festival voice name
     speaker: str  # split key
     female: bool
     weight: float  # relative share of training utterances
@@ -63,8 +64,11 @@ class VoiceSpec:
         """An mbrola diphone voice, spoken through espeak-ng (needs its voice file and `mbrola`)."""
         return self.engine == "espeak" and self.base.startswith("mb-")
 
-    def render(self, rng: np.random.Generator) -> EspeakVoice | FliteVoice:
+    def render(self, rng: np.random.Generator) -> EspeakVoice | FliteVoice | FestivalVoice:
         speed = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))
+        if self.engine == "festival":
+            return FestivalVoice(self.base, stretch=1.0 / speed, f0_mean=float(rng.uniform(85, 140)),
+                                 f0_std=float(rng.uniform(9, 22)))
         if self.engine == "flite":
             f0 = 0.0
             if self.base == "kal16":
@@ -98,6 +102,10 @@ def catalogue(unseen_formant_weight: float = 0.0) -> tuple[list[VoiceSpec], list
     # English through foreign diphone speakers: one more recorded person each. A training call uses
     # those whose voice file its carry brings (3-17 MB each compressed; prepare_carry --mbrola)
     train += [VoiceSpec("espeak", f"mb-{v}-en", v, female, 1.0) for v, female in ACCENTED_MBROLA]
+    # Festival's two diphone speakers: only where Festival is installed, so they reach a training call
+    # pre-synthesised (presynth.py)
+    train += [VoiceSpec("festival", "rab_diphone", "rab", False, 1.5),
+              VoiceSpec("festival", "ked_diphone", "ked", False, 1.5)]
     n_formant = len(TRAIN_ACCENTS) * len(TRAIN_VARIANTS)
     train += [_formant(a, v, 2.3 / n_formant) for a in TRAIN_ACCENTS for v in TRAIN_VARIANTS]
     if unseen_formant_weight > 0:
@@ -142,11 +150,14 @@ def mbrola_probe_voice(voices: list[VoiceSpec], espeak_data: str | None) -> str 
 
 
 def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, mbrola: bool = True,
-              espeak_data: str | None = None) -> list[VoiceSpec]:
-    """The voices whose engine works (`espeak`, `flite`, `mbrola`: whether each does) and, for mbrola
-    voices, whose voice file is there (a carry may bring only some of them)."""
+              espeak_data: str | None = None, festival: bool = False) -> list[VoiceSpec]:
+    """The voices whose engine works (`espeak`, `flite`, `mbrola`, `festival`: whether each does) and,
+    for mbrola voices, whose voice file is there (a carry may bring only some of them). Festival is
+    off unless asked: the training machine never has it (its voices come pre-synthesised)."""
     out = []
     for v in voices:
+        if v.engine == "festival" and not festival:
+            continue
         if v.engine == "flite" and not flite:
             continue
         if v.engine == "espeak" and not espeak:
