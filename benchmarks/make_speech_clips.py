@@ -2,7 +2,7 @@
 
     python benchmarks/make_speech_clips.py --voices heldout --out .bench_audio --seconds 45
     python benchmarks/make_speech_clips.py --voices train --count 40 --out .drafter_audio --seconds 60
-    python benchmarks/make_speech_clips.py --sentence "she often has to work off the clock" \
+    python benchmarks/make_speech_clips.py --sentence "my children finally got me to buy a computer" \
         --voice espeak:en-us-nyc+f4 --out demo/samples/heldout_nyc_f4.wav
 
 `--sentence`: one sentence by one catalogue voice at its default speed and pitch, 1.0 s of silence
