@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# mbrola and its us1 voice, and Festival with its rab and ked diphone voices, for the synthesis tests.
-# mbrola and rab live in Debian's contrib/non-free sections, which the image's sources do not list: use
+# mbrola and its us1 voice, Festival with its rab and ked diphone voices, and RHVoice's English voices, for
+# the synthesis tests. mbrola, rab and RHVoice live in Debian's contrib/non-free sections, which the image's sources do not list: use
 # a private sources file (the machine's own Debian mirror) and leave /etc alone
 # (../shared/reference/speech_data.md §1). Failure only warns: the tests that need them then report
 # themselves as skipped.
 set -uo pipefail
 [ -f /usr/share/mbrola/us1/us1 ] && command -v mbrola >/dev/null && command -v festival >/dev/null \
   && [ -d /usr/share/festival/voices/english/rab_diphone ] && [ -d /usr/share/festival/voices/english/ked_diphone ] \
-  && exit 0
+  && [ -d /usr/share/RHVoice/voices/bdl ] && [ -e /usr/lib/x86_64-linux-gnu/libRHVoice.so.5 ] && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
 # the first active Debian URI (deb822 "URIs:" or one-line "deb" entries; comments skipped)
@@ -20,9 +20,9 @@ echo "deb ${mirror:-http://deb.debian.org/debian} $suite main contrib non-free" 
 opts=(-o "Dir::Etc::SourceList=$dir/sources.list" -o "Dir::Etc::SourceParts=$dir/parts"
       -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache")
 if $sudo apt-get "${opts[@]}" update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get "${opts[@]}" install -y -qq \
-     --no-install-recommends mbrola mbrola-us1 festival festvox-rablpc16k festvox-kdlpc16k >/dev/null; then
-  echo "mbrola + us1, festival + rab + ked installed"
+     --no-install-recommends mbrola mbrola-us1 festival festvox-rablpc16k festvox-kdlpc16k librhvoice5 rhvoice-english >/dev/null; then
+  echo "mbrola + us1, festival + rab + ked, RHVoice English installed"
 else
-  echo "WARNING: could not install mbrola/festival (contrib/non-free); their synthesis tests will be skipped" >&2
+  echo "WARNING: could not install mbrola/festival/RHVoice (contrib/non-free); their synthesis tests will be skipped" >&2
 fi
 rm -rf "$dir"

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .festival import festival_available
+from .rhvoice import rhvoice_available
 from .synth import RATE, RawShard, plan_tasks, synthesize
 from .text_corpus import read_corpus
 from .voices import available, catalogue
@@ -90,11 +91,12 @@ def unpack(src_dir: Path, dst_dir: Path, workers: int) -> dict[str, float]:
 
 def pack(args: argparse.Namespace) -> int:
     train_v, _ = catalogue()  # training voices only: held-out speakers never leave here as training audio
-    wanted = [v for v in train_v if v.base in set(args.voices)]
-    missing = sorted(set(args.voices) - {v.base for v in wanted})
+    names = set(args.voices)  # base names, or engine:base keys where two engines share a name (rhvoice:slt)
+    wanted = [v for v in train_v if v.key in names or v.base in names]
+    missing = sorted(names - {v.base for v in wanted} - {v.key for v in wanted})
     if missing:
         raise SystemExit(f"not training voices of the catalogue: {missing}")
-    voices = available(wanted, espeak=True, flite=True, festival=festival_available())
+    voices = available(wanted, espeak=True, flite=True, festival=festival_available(), rhvoice=rhvoice_available())
     if len(voices) != len(wanted):
         raise SystemExit(f"voices not installed here: {sorted({v.base for v in wanted} - {v.base for v in voices})}")
     tasks = [dataclasses.replace(t, name="pre-" + t.name)
@@ -125,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("pack")
     p.add_argument("--corpus", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--voices", nargs="+", default=None, help="catalogue base names (default: every mbrola voice)")
+    p.add_argument("--voices", nargs="+", default=None,
+                   help="catalogue base names or engine:base keys (default: every mbrola voice)")
     p.add_argument("--hours", type=float, default=3.5)
     p.add_argument("--sentences-per-shard", type=int, default=10)
     p.add_argument("--level", type=float, default=0.95, help="soundfile's Opus compression level (0-1)")

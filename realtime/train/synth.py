@@ -111,7 +111,7 @@ class Task:
 _ENGINES: dict[str, object] = {}
 
 
-def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth (imported lazily)
+def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth | RHVoiceSynth (imported lazily)
     if kind not in _ENGINES:
         if kind == "espeak":
             from .espeak import EspeakSynth
@@ -121,6 +121,10 @@ def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth (impor
             from .festival import FestivalSynth
 
             _ENGINES[kind] = FestivalSynth()
+        elif kind == "rhvoice":
+            from .rhvoice import RHVoiceSynth
+
+            _ENGINES[kind] = RHVoiceSynth()
         else:
             from .flite import FliteSynth
 

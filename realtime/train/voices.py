@@ -19,6 +19,7 @@ import numpy as np
 from .espeak import EspeakVoice
 from .festival import FestivalVoice
 from .flite import FliteVoice
+from .rhvoice import RHVoiceVoice
 
 # espeak-ng formant accents and variants (speech_data.md §1; names as espeak_SetVoiceByName takes them)
 # en-gb-x-gbcwmd is left out: it loses the final SSML mark (no end time for the last word)
@@ -49,8 +50,8 @@ ACCENTED_MBROLA = (("ro1", False), ("pl1", True), ("fr1", False), ("sw2", True),
 class VoiceSpec:
     """A voice of the catalogue; `render` draws the per-utterance speed and pitch."""
 
-    engine: str  # "espeak" | "flite" | "festival"
-    base: str  # espeak voice name (with +variant), flite or Festival voice name
+    engine: str  # "espeak" | "flite" | "festival" | "rhvoice"
+    base: str  # espeak voice name (with +variant), flite, Festival or RHVoice voice name
     speaker: str  # split key
     female: bool
     weight: float  # relative share of training utterances
@@ -64,8 +65,10 @@ class VoiceSpec:
         """An mbrola diphone voice, spoken through espeak-ng (needs its voice file and `mbrola`)."""
         return self.engine == "espeak" and self.base.startswith("mb-")
 
-    def render(self, rng: np.random.Generator) -> EspeakVoice | FliteVoice | FestivalVoice:
+    def render(self, rng: np.random.Generator) -> EspeakVoice | FliteVoice | FestivalVoice | RHVoiceVoice:
         speed = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))
+        if self.engine == "rhvoice":  # RHVoice's own -1..1 scales; +-0.3 is about the same speed range
+            return RHVoiceVoice(self.base, rate=float(rng.uniform(-0.3, 0.3)), pitch=float(rng.uniform(-0.3, 0.3)))
         if self.engine == "festival":
             return FestivalVoice(self.base, stretch=1.0 / speed, f0_mean=float(rng.uniform(85, 140)),
                                  f0_std=float(rng.uniform(9, 22)))
@@ -106,6 +109,11 @@ def catalogue(unseen_formant_weight: float = 0.0) -> tuple[list[VoiceSpec], list
     # pre-synthesised (presynth.py)
     train += [VoiceSpec("festival", "rab_diphone", "rab", False, 1.5),
               VoiceSpec("festival", "ked_diphone", "ked", False, 1.5)]
+    # RHVoice's four new speakers (+ slt once more, through another engine); never `alan` (see rhvoice.py).
+    # Like Festival's, only where RHVoice is installed: a training call gets them pre-synthesised
+    train += [VoiceSpec("rhvoice", "bdl", "bdl", False, 1.5), VoiceSpec("rhvoice", "clb", "clb", True, 1.5),
+              VoiceSpec("rhvoice", "evgeniy-eng", "evgeniy", False, 1.2),
+              VoiceSpec("rhvoice", "lyubov", "lyubov", True, 1.2), VoiceSpec("rhvoice", "slt", "slt", True, 0.5)]
     n_formant = len(TRAIN_ACCENTS) * len(TRAIN_VARIANTS)
     train += [_formant(a, v, 2.3 / n_formant) for a in TRAIN_ACCENTS for v in TRAIN_VARIANTS]
     if unseen_formant_weight > 0:
@@ -150,13 +158,14 @@ def mbrola_probe_voice(voices: list[VoiceSpec], espeak_data: str | None) -> str 
 
 
 def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, mbrola: bool = True,
-              espeak_data: str | None = None, festival: bool = False) -> list[VoiceSpec]:
-    """The voices whose engine works (`espeak`, `flite`, `mbrola`, `festival`: whether each does) and,
-    for mbrola voices, whose voice file is there (a carry may bring only some of them). Festival is
-    off unless asked: the training machine never has it (its voices come pre-synthesised)."""
+              espeak_data: str | None = None, festival: bool = False, rhvoice: bool = False) -> list[VoiceSpec]:
+    """The voices whose engine works (`espeak`, `flite`, `mbrola`, `festival`, `rhvoice`: whether each
+    does) and, for mbrola voices, whose voice file is there (a carry may bring only some of them).
+    Festival and RHVoice are off unless asked: the training machine never has them (their voices come
+    pre-synthesised)."""
     out = []
     for v in voices:
-        if v.engine == "festival" and not festival:
+        if (v.engine == "festival" and not festival) or (v.engine == "rhvoice" and not rhvoice):
             continue
         if v.engine == "flite" and not flite:
             continue
