@@ -135,3 +135,23 @@ def test_rhvoice_synthesis_word_times() -> None:
     assert slow.size > lengths["bdl"]
     with pytest.raises(RHVoiceError, match="unknown"):
         synth.synthesize(RHVoiceVoice("alan"), words)
+
+
+def test_rhvoice_leaves_the_workers_espeak_engine_working() -> None:
+    """A synthesis worker runs espeak, Festival and RHVoice tasks in one process; RHVoice's alignment
+    references must use that process's espeak engine, not start a second one (the library is global)."""
+    from realtime.train.espeak import EspeakVoice
+    from realtime.train.festival import festival_available
+    from realtime.train.rhvoice import RHVoiceVoice, rhvoice_available
+    from realtime.train.synth import engine_for
+
+    if not rhvoice_available() or not festival_available():
+        pytest.skip("RHVoice's English voices or festival are not installed (.ci/install_mbrola.sh installs them)")
+    words = ["the", "window", "is", "open"]
+    first, first_times = engine_for("espeak").synthesize(EspeakVoice("en-gb-scotland"), words)
+    engine_for("rhvoice").synthesize(RHVoiceVoice("clb"), words)
+    again, again_times = engine_for("espeak").synthesize(EspeakVoice("en-gb-scotland"), words)
+    # espeak-ng's own output varies by a few samples from call to call: compare lengths and times, not samples
+    assert abs(again.size - first.size) < 0.02 * first.size and np.abs(again).max() > 0.05
+    assert [w.text for w in again_times] == words
+    assert max(abs(a.end - b.end) for a, b in zip(first_times, again_times)) < 0.02

@@ -18,7 +18,6 @@ Like Festival's voices, these reach a training call pre-synthesised (presynth.py
 from __future__ import annotations
 
 import ctypes as C
-import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,15 +84,17 @@ class _SynthParams(C.Structure):
 _PUNCTUATION_NONE = 1
 
 
-@functools.lru_cache(maxsize=1)
-def _references():  # the exact-time renderers the alignment uses (imported lazily: engines of this machine)
-    from .espeak import EspeakSynth, EspeakVoice
-    from .festival import FestivalSynth, FestivalVoice
+def _references(words: list[str]) -> list[tuple[np.ndarray, list[TimedWord]]]:
+    """The same words from the exact-time renderers the alignment uses. Through `synth.engine_for`: the
+    espeak-ng library is process-global, so a second `EspeakSynth` would take over the first one's
+    callback and break the espeak voices of the same synthesis worker."""
+    from .espeak import EspeakVoice
+    from .festival import FestivalVoice
+    from .synth import engine_for
 
-    fest, esp = FestivalSynth(), EspeakSynth()
-    return [lambda w: fest.synthesize(FestivalVoice("ked_diphone"), w),
-            lambda w: fest.synthesize(FestivalVoice("rab_diphone"), w),
-            lambda w: esp.synthesize(EspeakVoice("en-us"), w)]
+    fest, esp = engine_for("festival"), engine_for("espeak")
+    return [fest.synthesize(FestivalVoice("ked_diphone"), words), fest.synthesize(FestivalVoice("rab_diphone"), words),
+            esp.synthesize(EspeakVoice("en-us"), words)]
 
 
 class RHVoiceSynth:
@@ -168,8 +169,7 @@ class RHVoiceSynth:
         audio, events = self._speak(voice, text)
         offsets = np.cumsum([0] + [len(w) + 1 for w in words[:-1]])
         event_end = {int(np.searchsorted(offsets, pos, side="right")) - 1: t for pos, t in events}
-        refs = [render(words) for render in _references()]
-        timed = align_word_times(audio, words, refs)
+        timed = align_word_times(audio, words, _references(words))
         for k, w in enumerate(timed):
             if k in event_end and abs(w.end - event_end[k]) > EVENT_TOLERANCE_S:
                 raise RHVoiceError(f"aligned end of {w.text!r} ({w.end:.2f} s) is far from RHVoice's own "
