@@ -141,3 +141,9 @@ def run_under_triton_interpreter(script: Path) -> dict[str, str]:
     if proc.returncode != 0 or not lines:
         pytest.fail(f"interpreter subprocess failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return json.loads(lines[-1][len("RESULTS "):])
+
+
+@pytest.fixture(scope="module")
+def interpreter_results(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The calling test module's `RESULTS` line, from running that module under the Triton interpreter."""
+    return run_under_triton_interpreter(Path(request.module.__file__).resolve())

@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -118,13 +116,6 @@ def _interpreter_main() -> None:
             results[name] = traceback.format_exc()
     assert refs  # references stay importable for the comparisons above
     print("RESULTS " + json.dumps(results))
-
-
-@pytest.fixture(scope="module")
-def interpreter_results() -> dict[str, str]:
-    from conftest import run_under_triton_interpreter
-
-    return run_under_triton_interpreter(Path(__file__).resolve())
 
 
 @pytest.mark.parametrize("name", ["float32", "float16"])
