@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from realtime.train.presynth import SUFFIX, main, pack_shard, unpack, unpack_shard
+from realtime.train.presynth import SUFFIX, main, pack_shard, select_training_voices, unpack, unpack_shard
 from realtime.train.synth import RATE, RawShard
 
 pytest.importorskip("soundfile")
@@ -76,6 +76,14 @@ def test_held_out_voices_are_never_packed(tmp_path):
     with pytest.raises(SystemExit, match="not training voices of the catalogue: \\['mb-us3'\\]"):
         main(["pack", "--corpus", str(tmp_path / "none.tsv.gz"), "--out", str(tmp_path / "o"),
               "--voices", "mb-ro1-en", "mb-us3"])
+
+
+def test_voices_are_chosen_by_name_or_by_engine_key() -> None:
+    assert {v.key for v in select_training_voices(["slt"])} == {"flite:slt", "rhvoice:slt"}
+    assert {v.key for v in select_training_voices(["rhvoice:slt", "bdl"])} == {"rhvoice:bdl", "rhvoice:slt"}
+    for refused in (["flite:awb"], ["awb"], ["rhvoice:alan"], ["slt", "mb-us3"]):
+        with pytest.raises(SystemExit, match="not training voices"):
+            select_training_voices(refused)
 
 
 def test_pack_synthesises_training_shards_that_unpack_into_a_corpus(tmp_path):

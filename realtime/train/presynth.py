@@ -33,7 +33,7 @@ from .festival import festival_available
 from .rhvoice import rhvoice_available
 from .synth import RATE, RawShard, plan_tasks, synthesize
 from .text_corpus import read_corpus
-from .voices import available, catalogue
+from .voices import VoiceSpec, available, catalogue
 
 logger = logging.getLogger(__name__)
 
@@ -89,13 +89,20 @@ def unpack(src_dir: Path, dst_dir: Path, workers: int) -> dict[str, float]:
     return {"shards": len(files), "hours": sum(seconds) / 3600}
 
 
-def pack(args: argparse.Namespace) -> int:
-    train_v, _ = catalogue()  # training voices only: held-out speakers never leave here as training audio
-    names = set(args.voices)  # base names, or engine:base keys where two engines share a name (rhvoice:slt)
+def select_training_voices(names: list[str]) -> list[VoiceSpec]:
+    """Training voices by base name ("slt": every engine's slt) or by engine:base key ("rhvoice:slt");
+    a name that is no training voice (a held-out one, say) stops the pack: held-out speakers never leave
+    here as training audio."""
+    train_v, _ = catalogue()
     wanted = [v for v in train_v if v.key in names or v.base in names]
-    missing = sorted(names - {v.base for v in wanted} - {v.key for v in wanted})
+    missing = sorted(set(names) - {v.base for v in wanted} - {v.key for v in wanted})
     if missing:
         raise SystemExit(f"not training voices of the catalogue: {missing}")
+    return wanted
+
+
+def pack(args: argparse.Namespace) -> int:
+    wanted = select_training_voices(args.voices)
     voices = available(wanted, espeak=True, flite=True, festival=festival_available(), rhvoice=rhvoice_available())
     if len(voices) != len(wanted):
         raise SystemExit(f"voices not installed here: {sorted({v.base for v in wanted} - {v.base for v in voices})}")
