@@ -120,6 +120,26 @@ def test_mbrola_voice_stays_mbrola_for_every_utterance() -> None:
         assert [w.text for w in timed] == text.split() and timed[-1].end <= audio.size / 16000 + 1e-6
 
 
+def test_two_espeak_instances_in_one_process_both_work() -> None:
+    """The library's callback and voice are process-global: an instance used after another one was made
+    (or used) must still get its own audio, marks and voice."""
+    from realtime.train.espeak import EspeakSynth, EspeakVoice
+
+    first = _espeak()
+    words = ["the", "window", "is", "open"]
+    alone_f, _ = first.synthesize(EspeakVoice("en-us+f3"), words)
+    second = EspeakSynth()
+    alone_m, _ = second.synthesize(EspeakVoice("en-gb-scotland+m3"), words)
+    for _ in range(2):
+        f_audio, f_times = first.synthesize(EspeakVoice("en-us+f3"), words)
+        m_audio, m_times = second.synthesize(EspeakVoice("en-gb-scotland+m3"), words)
+        assert [w.text for w in f_times] == words == [w.text for w in m_times]
+        # each instance keeps its own voice: same length as when it ran alone (espeak varies by a few samples)
+        assert abs(f_audio.size - alone_f.size) < 0.02 * alone_f.size
+        assert abs(m_audio.size - alone_m.size) < 0.02 * alone_m.size
+        assert abs(_median_f0(f_audio, 16000) - _median_f0(alone_f, 16000)) < 0.1 * _median_f0(alone_f, 16000)
+
+
 def test_synthesis_task_writes_a_loadable_shard(tmp_path) -> None:
     from realtime.train.synth import RawShard, Task, run_task
     from realtime.train.voices import VoiceSpec

@@ -98,8 +98,15 @@ def default_library() -> tuple[str, str | None]:
                           "STREAMSCRIBE_ESPEAK_LIB") from exc
 
 
+# The C library holds one callback and one current voice per process. Which EspeakSynth set them last, per
+# library path: an instance that is not the owner takes them back before it synthesises (a worker or a test
+# process may hold several instances, e.g. one made for RHVoice's alignment references).
+_OWNER: dict[str, int] = {}
+
+
 class EspeakSynth:
-    """One per process (the C library holds global state)."""
+    """Any number per process: the C library's global callback and voice are re-taken when another
+    instance used them last (`_OWNER`)."""
 
     def __init__(self, library: str | None = None, data_path: str | None = None) -> None:
         if library is None:
@@ -125,6 +132,7 @@ class EspeakSynth:
         self._rate: int | None = None
         self._cb = _CALLBACK(self._on_audio)  # keep a reference: the library calls it later
         lib.espeak_SetSynthCallback(self._cb)
+        _OWNER[library] = id(self)
         self._voice: str | None = None
 
     def _on_audio(self, wav: ctypes.POINTER(ctypes.c_short), n: int, events: ctypes.POINTER(_Event)) -> int:
@@ -142,6 +150,10 @@ class EspeakSynth:
 
     def synthesize(self, voice: EspeakVoice, words: list[str]) -> tuple[np.ndarray, list[TimedWord]]:
         """16 kHz float32 audio and the time span of every input word."""
+        if _OWNER.get(self.library) != id(self):  # another instance holds the library's callback and voice
+            self._lib.espeak_SetSynthCallback(self._cb)
+            _OWNER[self.library] = id(self)
+            self._voice = None
         if voice.name != self._voice:
             if self._lib.espeak_SetVoiceByName(voice.name.encode()) != 0:
                 raise EspeakError(f"espeak-ng has no usable voice {voice.name!r} (mbrola voices need the mbrola "

@@ -85,9 +85,8 @@ _PUNCTUATION_NONE = 1
 
 
 def _references(words: list[str]) -> list[tuple[np.ndarray, list[TimedWord]]]:
-    """The same words from the exact-time renderers the alignment uses. Through `synth.engine_for`: the
-    espeak-ng library is process-global, so a second `EspeakSynth` would take over the first one's
-    callback and break the espeak voices of the same synthesis worker."""
+    """The same words from the exact-time renderers the alignment uses, through `synth.engine_for`: the
+    worker's own engines (the espeak-ng library is process-global; one instance per worker is enough)."""
     from .espeak import EspeakVoice
     from .festival import FestivalVoice
     from .synth import engine_for
