@@ -4,7 +4,8 @@ Works with Debian's `libespeak-ng.so.1` (formant voices and, with the `mbrola` p
 mbrola voices) and with any other build of the library (e.g. the `espeakng-loader` wheel's, which
 has no mbrola). Word times come from SSML `<mark/>`s placed before every word: each mark event
 carries `audio_position` (ms) = the start of that word; a word ends where the next one starts,
-minus the trailing silence (speech_data.md §1). The library is initialised once per process.
+minus the trailing silence (speech_data.md §1). The library is process-global: each instance initialises it,
+and an instance takes its callback and voice back when another one used them last (`_OWNER`).
 
 The SSML goes *without* a `<speak>` root (measured on espeak-ng 1.51 with mbrola voices): closing
 `</speak>` pops the voice set with `espeak_SetVoiceByName` back to the default formant voice, so
