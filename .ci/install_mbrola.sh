@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# mbrola and its us1 voice, Festival with its rab and ked diphone voices, and RHVoice's English voices, for
-# the synthesis tests. mbrola, rab and RHVoice live in Debian's contrib/non-free sections, which the image's sources do not list: use
-# a private sources file (the machine's own Debian mirror) and leave /etc alone
+# mbrola with its us1 voice and the nine databases that realtime/train/mbrola_en.py speaks English
+# through, Festival with its rab and ked diphone voices, and RHVoice's English voices, for the synthesis
+# tests. mbrola, rab and RHVoice live in Debian's contrib/non-free sections, which the image's sources do
+# not list: use a private sources file (the machine's own Debian mirror) and leave /etc alone
 # (../shared/reference/speech_data.md §1). Failure only warns: the tests that need them then report
 # themselves as skipped.
 set -uo pipefail
 [ -f /usr/share/mbrola/us1/us1 ] && command -v mbrola >/dev/null && command -v festival >/dev/null \
   && [ -d /usr/share/festival/voices/english/rab_diphone ] && [ -d /usr/share/festival/voices/english/ked_diphone ] \
-  && [ -d /usr/share/RHVoice/voices/bdl ] && [ -e /usr/lib/x86_64-linux-gnu/libRHVoice.so.5 ] && exit 0
+  && [ -d /usr/share/RHVoice/voices/bdl ] && [ -e /usr/lib/x86_64-linux-gnu/libRHVoice.so.5 ] \
+  && [ -f /usr/share/mbrola/cr1/cr1 ] && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
 # the first active Debian URI (deb822 "URIs:" or one-line "deb" entries; comments skipped)
@@ -20,8 +22,9 @@ echo "deb ${mirror:-http://deb.debian.org/debian} $suite main contrib non-free" 
 opts=(-o "Dir::Etc::SourceList=$dir/sources.list" -o "Dir::Etc::SourceParts=$dir/parts"
       -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache")
 if $sudo apt-get "${opts[@]}" update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get "${opts[@]}" install -y -qq \
-     --no-install-recommends mbrola mbrola-us1 festival festvox-rablpc16k festvox-kdlpc16k librhvoice5 rhvoice-english >/dev/null; then
-  echo "mbrola + us1, festival + rab + ked, RHVoice English installed"
+     --no-install-recommends mbrola mbrola-us1 festival festvox-rablpc16k festvox-kdlpc16k librhvoice5 rhvoice-english \
+     mbrola-fr2 mbrola-fr3 mbrola-fr5 mbrola-fr6 mbrola-fr7 mbrola-de7 mbrola-es1 mbrola-es2 mbrola-cr1 >/dev/null; then
+  echo "mbrola + us1 + the nine databases of realtime/train/mbrola_en.py, festival + rab + ked, RHVoice English installed"
 else
   echo "WARNING: could not install mbrola/festival/RHVoice (contrib/non-free); their synthesis tests will be skipped" >&2
 fi

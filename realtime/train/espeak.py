@@ -110,8 +110,9 @@ class EspeakSynth:
     instance used them last (`_OWNER`)."""
 
     def __init__(self, library: str | None = None, data_path: str | None = None) -> None:
-        if library is None:
-            library, data_path = default_library()
+        if library is None:  # the environment's library; its data folder unless one is given
+            library, env_data = default_library()
+            data_path = data_path or env_data
         self.library = library
         try:
             self._lib = ctypes.CDLL(library)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .festival import festival_available
+from .mbrola_en import EXTRA_NAMES, english_mbrola_data
 from .rhvoice import rhvoice_available
 from .synth import RATE, RawShard, plan_tasks, synthesize
 from .text_corpus import read_corpus
@@ -101,20 +102,33 @@ def select_training_voices(names: list[str]) -> list[VoiceSpec]:
     return wanted
 
 
+def _use_english_mbrola_data(folder: Path) -> None:
+    """Point this process and its synthesis workers at a data folder with mbrola_en.py's entries."""
+    from .espeak import default_library
+
+    lib, _ = default_library()
+    os.environ["STREAMSCRIBE_ESPEAK_LIB"] = lib
+    os.environ["STREAMSCRIBE_ESPEAK_DATA"] = str(english_mbrola_data(folder))
+
+
 def pack(args: argparse.Namespace) -> int:
     wanted = select_training_voices(args.voices)
-    voices = available(wanted, espeak=True, flite=True, festival=festival_available(), rhvoice=rhvoice_available())
-    if len(voices) != len(wanted):
-        raise SystemExit(f"voices not installed here: {sorted({v.base for v in wanted} - {v.base for v in voices})}")
-    tasks = [dataclasses.replace(t, name="pre-" + t.name)
-             for t in plan_tasks(read_corpus(Path(args.corpus)), voices, [], train_hours=args.hours, eval_per_voice=0,
-                                 seed=args.seed, per_task=args.sentences_per_shard) if t.split == "train"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workers = args.workers or os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp:
-        stats = synthesize(tasks, Path(tmp), workers)
-        files = sorted(Path(tmp).glob("*.npz"))
+        if any(v.base in EXTRA_NAMES for v in wanted) and not os.environ.get("STREAMSCRIBE_ESPEAK_DATA"):
+            _use_english_mbrola_data(Path(tmp) / "espeak-ng-data")
+        voices = available(wanted, espeak=True, flite=True, festival=festival_available(), rhvoice=rhvoice_available())
+        if len(voices) != len(wanted):
+            raise SystemExit(f"voices not installed here: {sorted({v.base for v in wanted} - {v.base for v in voices})}")
+        tasks = [dataclasses.replace(t, name="pre-" + t.name)
+                 for t in plan_tasks(read_corpus(Path(args.corpus)), voices, [], train_hours=args.hours,
+                                     eval_per_voice=0, seed=args.seed, per_task=args.sentences_per_shard)
+                 if t.split == "train"]
+        shards = Path(tmp) / "shards"
+        stats = synthesize(tasks, shards, workers)
+        files = sorted(shards.glob("*.npz"))
         with ProcessPoolExecutor(max_workers=workers) as pool:
             sizes = list(pool.map(pack_shard, files, [out / (f.stem + SUFFIX) for f in files],
                                   [args.level] * len(files)))

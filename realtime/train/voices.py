@@ -19,6 +19,7 @@ import numpy as np
 from .espeak import EspeakVoice
 from .festival import FestivalVoice
 from .flite import FliteVoice
+from .mbrola_en import EXTRA_MBROLA_EN, EXTRA_NAMES
 from .rhvoice import RHVoiceVoice
 
 # espeak-ng formant accents and variants (speech_data.md §1; names as espeak_SetVoiceByName takes them)
@@ -105,6 +106,9 @@ def catalogue(unseen_formant_weight: float = 0.0) -> tuple[list[VoiceSpec], list
     # English through foreign diphone speakers: one more recorded person each. A training call uses
     # those whose voice file its carry brings (3-17 MB each compressed; prepare_carry --mbrola)
     train += [VoiceSpec("espeak", f"mb-{v}-en", v, female, 1.0) for v, female in ACCENTED_MBROLA]
+    # and through the entries written here for nine more databases (mbrola_en.py): only where the
+    # espeak-ng data folder in use has them (a training call gets them pre-synthesised)
+    train += [VoiceSpec("espeak", v.name, v.voice, v.female, 1.0) for v in EXTRA_MBROLA_EN]
     # Festival's two diphone speakers: only where Festival is installed, so they reach a training call
     # pre-synthesised (presynth.py)
     train += [VoiceSpec("festival", "rab_diphone", "rab", False, 1.5),
@@ -138,13 +142,17 @@ def unseen_formant_voices() -> list[VoiceSpec]:
 
 def mbrola_voice_available(name: str, espeak_data: str | None) -> bool:
     """mbrola voices need the voice file (in espeak-ng-data/mbrola/ or /usr/share/mbrola/) and the
-    `mbrola` program on PATH; a voice missing either is left out of the catalogue."""
+    `mbrola` program on PATH, and the entries of mbrola_en.py a data folder that has them; a voice
+    missing any is left out of the catalogue."""
     from shutil import which
 
     short = name.removeprefix("mb-").split("-")[0]  # "mb-ro1-en" uses the voice file ro1
     if which("mbrola") is None:
         return False
     data = [p for p in (espeak_data, os.environ.get("STREAMSCRIBE_ESPEAK_DATA")) if p]
+    if name in EXTRA_NAMES and not any((Path(p) / sub / "voices" / "mb" / name).is_file()
+                                       for p in data for sub in (".", "espeak-ng-data")):
+        return False  # an entry of mbrola_en.py: only in a data folder made by english_mbrola_data
     # an espeak-ng data folder of its own (the training machine's carried engines) finds voices only
     # there; the system library looks in Debian's /usr/share/mbrola
     roots = [Path(p) / sub for p in data for sub in ("mbrola", "espeak-ng-data/mbrola")] or [Path("/usr/share/mbrola")]
