@@ -11,7 +11,9 @@ shard with its audio as OGG Opus (16 kHz, ~17 kbps at the default level; the sam
 exactly, so the word times stay valid). On the training machine `gpu_run` calls `unpack`, which
 decodes them into ordinary shards beside the ones synthesised there. The StreamBatcher draws shards
 uniformly, so the shard size (`--sentences-per-shard`) sets these voices' share of the batches.
-Decoding needs the `soundfile` wheel (with its bundled libsndfile) in the carry's wheels.
+Decoding needs the `soundfile` wheel (with its bundled libsndfile) in the carry's wheels. The English
+entries of `mbrola_en.py` live in a private espeak-ng data folder, which `pack` builds for its workers
+when it is asked for one of those voices.
 """
 
 from __future__ import annotations
