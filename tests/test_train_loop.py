@@ -172,3 +172,32 @@ def test_a_failed_data_parallel_run_keeps_what_it_can() -> None:
     assert after_training_failure(2, 400.0, finished=False) == "one_gpu"
     assert after_training_failure(2, 100.0, finished=False) == "raise"  # too late to start again
     assert after_training_failure(1, 400.0, finished=False) == "raise"  # already on one GPU
+
+
+def test_four_bit_warm_pack_round_trips_within_half_a_step(tmp_path: Path) -> None:
+    """`warm pack --bits 4`: every group of 64 weights comes back within half of its own step (its largest
+    weight / 7 / 2); vectors and matrices whose rows do not split into groups keep the 8-bit/fp16 forms;
+    the file is about a quarter of the fp16 bytes."""
+    from realtime.train.warm import GROUP, unpack_state
+
+    g = torch.Generator().manual_seed(0)
+    state = {"big": torch.randn(96, 4 * GROUP, generator=g) * torch.linspace(0.01, 3.0, 96)[:, None],
+             "conv": torch.randn(8, 2, GROUP // 2, generator=g), "odd": torch.randn(5, 33, generator=g),
+             "bias": torch.randn(7, generator=g)}
+    state["big"][3, 5] = 40.0  # one outlier widens only its own group's step
+    packed = pack_state(state, bits=4)
+    assert "q4" in packed["big"] and "q4" in packed["conv"] and "q" in packed["odd"] and "v" in packed["bias"]
+    back = unpack_state(packed)
+    for name in ("big", "conv"):
+        groups = state[name].reshape(state[name].shape[0], -1, GROUP)
+        half_step = groups.abs().amax(dim=2, keepdim=True) / 7 / 2
+        err = (back[name] - state[name]).reshape(groups.shape).abs()
+        assert back[name].shape == state[name].shape
+        assert (err <= half_step * 1.01 + 1e-6).all(), name
+    assert (back["big"][3, GROUP:] - state["big"][3, GROUP:]).abs().max() < 0.1  # the outlier's neighbours only
+    assert torch.allclose(back["odd"], state["odd"], atol=state["odd"].abs().max().item() / 200)
+    path = tmp_path / "w4.pt"
+    torch.save(pack_state({"w": torch.randn(512, 1024, generator=g)}, bits=4), path)
+    assert path.stat().st_size < 0.3 * 512 * 1024 * 2
+    with pytest.raises(ValueError, match="bits"):
+        pack_state(state, bits=2)

@@ -15,8 +15,8 @@ mbrola's "unknown diphone" warnings on 40 training sentences, i.e. phonemes repl
 | fr7 | 46.8 | 0 | | | | |
 
 For comparison, the held-out us3 read 27.4 and the training voice fr1-en 14.5 on the same sentences.
-Left out: nl1, de8, it1/3/4, es3/4, cz2, tr1/2, nz1 (read at 85-97%, many silent diphones) and nl3,
-ca1, gr1, pt1, br1/4, mx1 (36-273 silent diphones).
+Left out: de8, nl1, it1/3/4, es3/4, mx2, cz2, nz1 (read at 85-97%), br3, ca2, tr1/2 (66-81%), and
+nl3, ca1, gr1, pt1, br1/4, mx1 (27-273 silent diphones).
 
 The entries live in a private copy of espeak-ng's data folder (`english_mbrola_data`). Adding files
 to the system folder would not do: espeak-ng lists at most 349 voices and Debian's folder already
