@@ -100,3 +100,34 @@ def test_each_entry_speaks_with_word_times(tmp_path: Path) -> None:
         assert all(a <= b for a, b in itertools.pairwise(starts)), name
         assert all(s <= e for s, e in zip(starts, ends)), name
         assert ends[-1] <= r["seconds"] + 1e-6 and ends[-1] > r["seconds"] - 1.0, name
+
+
+@needs_espeak_data
+@needs_databases
+def test_pack_speaks_the_new_voices_and_restores_the_environment(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`presynth pack` with two of the nine: it builds the private data folder for its workers, the shards
+    are theirs, and the process's espeak-ng environment is as before once it returns."""
+    import os
+
+    from realtime.train.presynth import SUFFIX, main, unpack
+    from realtime.train.synth import RawShard
+    from realtime.train.text_corpus import Sentence, write_corpus
+
+    monkeypatch.delenv("STREAMSCRIBE_ESPEAK_DATA", raising=False)
+    monkeypatch.setenv("STREAMSCRIBE_ESPEAK_LIB", "/usr/lib/x86_64-linux-gnu/libespeak-ng.so.1")
+    train = ["please call stella and ask her to bring these things", "we also need a small plastic snake",
+             "six spoons of fresh snow peas", "the birch canoe slid on the smooth planks"]
+    corpus = tmp_path / "corpus.tsv.gz"
+    write_corpus([Sentence("train", "t", t) for t in train], corpus)
+    packed, shards = tmp_path / "packed", tmp_path / "shards"
+    assert main(["pack", "--corpus", str(corpus), "--out", str(packed), "--voices", "mb-fr2-en", "mb-cr1-en",
+                 "--hours", "0.006", "--sentences-per-shard", "2", "--workers", "2"]) == 0
+    assert "STREAMSCRIBE_ESPEAK_DATA" not in os.environ
+    assert os.environ["STREAMSCRIBE_ESPEAK_LIB"] == "/usr/lib/x86_64-linux-gnu/libespeak-ng.so.1"
+    index = json.loads((packed / "index.json").read_text())
+    assert sorted(index["voices"]) == ["espeak:mb-cr1-en", "espeak:mb-fr2-en"]
+    assert len(list(packed.glob("*" + SUFFIX))) == index["shards"] >= 2
+    unpack(packed, shards, workers=1)
+    voices = {RawShard.load(f).voice for f in shards.glob("*.npz")}
+    assert voices == {"espeak:mb-cr1-en", "espeak:mb-fr2-en"}

@@ -19,6 +19,7 @@ when it is asked for one of those voices.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import io
 import json
@@ -26,6 +27,7 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -104,13 +106,24 @@ def select_training_voices(names: list[str]) -> list[VoiceSpec]:
     return wanted
 
 
-def _use_english_mbrola_data(folder: Path) -> None:
-    """Point this process and its synthesis workers at a data folder with mbrola_en.py's entries."""
+@contextlib.contextmanager
+def _english_mbrola_data_in_use(folder: Path) -> Iterator[None]:
+    """While inside: this process and the synthesis workers it starts use a data folder with
+    mbrola_en.py's entries (made at `folder`); the environment is restored on the way out."""
     from .espeak import default_library
 
-    lib, _ = default_library()
-    os.environ["STREAMSCRIBE_ESPEAK_LIB"] = lib
+    keys = ("STREAMSCRIBE_ESPEAK_LIB", "STREAMSCRIBE_ESPEAK_DATA")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ["STREAMSCRIBE_ESPEAK_LIB"] = default_library()[0]
     os.environ["STREAMSCRIBE_ESPEAK_DATA"] = str(english_mbrola_data(folder))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def pack(args: argparse.Namespace) -> int:
@@ -118,9 +131,9 @@ def pack(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workers = args.workers or os.cpu_count() or 1
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         if any(v.base in EXTRA_NAMES for v in wanted) and not os.environ.get("STREAMSCRIBE_ESPEAK_DATA"):
-            _use_english_mbrola_data(Path(tmp) / "espeak-ng-data")
+            stack.enter_context(_english_mbrola_data_in_use(Path(tmp) / "espeak-ng-data"))
         voices = available(wanted, espeak=True, flite=True, festival=festival_available(), rhvoice=rhvoice_available())
         if len(voices) != len(wanted):
             raise SystemExit(f"voices not installed here: {sorted({v.base for v in wanted} - {v.base for v in voices})}")

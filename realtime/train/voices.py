@@ -142,8 +142,8 @@ def unseen_formant_voices() -> list[VoiceSpec]:
 
 def mbrola_voice_available(name: str, espeak_data: str | None) -> bool:
     """mbrola voices need the voice file (in espeak-ng-data/mbrola/ or /usr/share/mbrola/) and the
-    `mbrola` program on PATH, and the entries of mbrola_en.py a data folder that has them; a voice
-    missing any is left out of the catalogue."""
+    `mbrola` program on PATH, and the entries of mbrola_en.py also a data folder that has them; a
+    voice missing any is left out of the catalogue."""
     from shutil import which
 
     short = name.removeprefix("mb-").split("-")[0]  # "mb-ro1-en" uses the voice file ro1
