@@ -165,3 +165,18 @@ def test_wer_scoring_groups() -> None:
     assert result["heldout"]["v1"]["480"] == {"wer": 20.0, "n": 2}
     assert result["heldout"]["v2"]["160"]["wer"] == 100.0  # nothing decoded counts as all deleted
     assert result["heldout"]["*"]["480"]["n"] == 2
+
+
+def test_to_16k_keeps_duration_and_pitch() -> None:
+    """The engines' shared resampler: 22,050 and 48,000 Hz tones come out at 16 kHz with the same duration and
+    frequency; 16 kHz input passes through unchanged."""
+    from realtime.train.wordtimes import to_16k
+
+    for rate in (22050, 48000):
+        t = np.arange(rate) / rate  # one second
+        y = to_16k(np.sin(2 * np.pi * 440.0 * t).astype(np.float32), rate)
+        assert y.dtype == np.float32 and abs(y.size - 16000) <= 1
+        spectrum = np.abs(np.fft.rfft(y[:16000]))
+        assert abs(np.argmax(spectrum) - 440) <= 1  # 1 Hz bins over one second
+    x = np.random.default_rng(0).standard_normal(1600).astype(np.float32)
+    assert np.array_equal(to_16k(x, 16000), x)

@@ -17,19 +17,16 @@ once, on its first utterance, so it is kept for the ones after.
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
-import math
 import os
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
 import numpy as np
-from scipy.signal import firwin, resample_poly
 
 from .targets import TimedWord
-from .wordtimes import trim_word_ends
+from .wordtimes import OUT_RATE, to_16k, trim_word_ends
 
 logger = logging.getLogger(__name__)
 
@@ -41,19 +38,6 @@ _EV_MARK = 3
 _EV_SAMPLERATE = 8
 _EV_LIST_TERMINATED = 0
 _PARAM_RATE, _PARAM_PITCH, _PARAM_RANGE = 1, 3, 4
-OUT_RATE = 16000
-
-
-@functools.lru_cache(maxsize=4)
-def _lowpass(up: int, down: int) -> np.ndarray:
-    # resample_poly's own default design, computed once instead of on every call
-    m = max(up, down)
-    return firwin(2 * 10 * m + 1, 1.0 / m, window=("kaiser", 5.0))
-
-
-def _ratio(rate: int) -> tuple[int, int]:
-    g = math.gcd(rate, OUT_RATE)
-    return OUT_RATE // g, rate // g
 
 
 class EspeakError(RuntimeError):
@@ -194,7 +178,4 @@ class EspeakSynth:
         rate = self._rate or self._default_rate
         pcm = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
         audio = pcm.astype(np.float32) / 32768.0
-        if rate != OUT_RATE:
-            up, down = _ratio(rate)
-            audio = resample_poly(audio, up, down, window=_lowpass(up, down)).astype(np.float32)
-        return audio
+        return to_16k(audio, rate)

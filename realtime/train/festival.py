@@ -25,9 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from .targets import TimedWord
-from .wordtimes import map_engine_words, trim_word_ends
+from .wordtimes import OUT_RATE, map_engine_words, to_16k, trim_word_ends
 
-OUT_RATE = 16000
 # voice name -> Festival's own Duration_Stretch for it (set by its voice file; our speed multiplies it)
 VOICES = {"rab_diphone": 1.05, "ked_diphone": 1.1}
 
@@ -98,7 +97,6 @@ class FestivalSynth:
     def synthesize(self, voice: FestivalVoice, words: list[str]) -> tuple[np.ndarray, list[TimedWord]]:
         """16 kHz float32 audio and the time span of every input word."""
         import soundfile as sf
-        from scipy.signal import resample_poly
 
         text = " ".join(words)
         with tempfile.TemporaryDirectory() as tmp:
@@ -115,9 +113,7 @@ class FestivalSynth:
             audio, rate = sf.read(wav, dtype="float32")
         if audio.ndim > 1:
             audio = audio.mean(axis=1)
-        if rate != OUT_RATE:
-            g = np.gcd(rate, OUT_RATE)
-            audio = resample_poly(audio, OUT_RATE // g, rate // g).astype(np.float32)
+        audio = to_16k(audio, rate)
         engine = parse_words(proc.stdout)
         timed = map_engine_words(words, engine)
         if timed is None:

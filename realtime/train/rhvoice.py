@@ -18,16 +18,14 @@ Like Festival's voices, these reach a training call pre-synthesised (presynth.py
 from __future__ import annotations
 
 import ctypes as C
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .targets import TimedWord
-from .wordtimes import trim_word_ends
+from .wordtimes import OUT_RATE, to_16k, trim_word_ends
 
-OUT_RATE = 16000
 LIBRARY = "libRHVoice.so.5"
 DATA = Path("/usr/share/RHVoice")
 VOICES = ("bdl", "clb", "evgeniy-eng", "lyubov", "slt")
@@ -153,12 +151,7 @@ class RHVoiceSynth:
         if not self._chunks or not self._rate:
             raise RHVoiceError(f"RHVoice produced no audio for {text!r}")
         audio = np.concatenate(self._chunks).astype(np.float32) / 32768.0
-        if self._rate != OUT_RATE:
-            from scipy.signal import resample_poly
-
-            g = math.gcd(self._rate, OUT_RATE)
-            audio = resample_poly(audio, OUT_RATE // g, self._rate // g).astype(np.float32)
-        return audio, [(pos, n / self._rate) for pos, n in self._ends]
+        return to_16k(audio, self._rate), [(pos, n / self._rate) for pos, n in self._ends]
 
     def synthesize(self, voice: RHVoiceVoice, words: list[str]) -> tuple[np.ndarray, list[TimedWord]]:
         """16 kHz float32 audio and the time span of every input word (aligned; see the module docstring)."""

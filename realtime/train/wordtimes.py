@@ -1,13 +1,35 @@
-"""Word-time helpers shared by the engines: silence trimming and engine-word -> input-word mapping."""
+"""Helpers shared by the engines: resampling to 16 kHz, silence trimming and engine-word -> input-word
+mapping."""
 
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
+from scipy.signal import firwin, resample_poly
 
 from .targets import TimedWord
 
+OUT_RATE = 16000
 _FRAME_S = 0.010
 _SILENCE_DB = -40.0
+
+
+@functools.lru_cache(maxsize=8)
+def _lowpass(up: int, down: int) -> np.ndarray:
+    # resample_poly's own default design, computed once per ratio instead of on every call
+    m = max(up, down)
+    return firwin(2 * 10 * m + 1, 1.0 / m, window=("kaiser", 5.0))
+
+
+def to_16k(audio: np.ndarray, rate: int) -> np.ndarray:
+    """Mono float32 audio at `rate` -> float32 at 16 kHz (polyphase; unchanged when already 16 kHz)."""
+    if rate == OUT_RATE:
+        return audio.astype(np.float32, copy=False)
+    g = math.gcd(rate, OUT_RATE)
+    up, down = OUT_RATE // g, rate // g
+    return resample_poly(audio, up, down, window=_lowpass(up, down)).astype(np.float32)
 
 
 def _frame_db(audio: np.ndarray, rate: int) -> np.ndarray:
