@@ -21,14 +21,20 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from realtime.train.mbrola_en import MbrolaEnglish
+
 logger = logging.getLogger("probe_mbrola_voices")
 
 
-def native_entry(data: Path, voice: str) -> str:
-    """The native entry's gender, pitch, voicing and mbrola lines under `language en 10`."""
-    keep = [ln for ln in (data / "voices" / "mb" / f"mb-{voice}").read_text().splitlines()
-            if re.match(r"(gender|pitch|voicing|mbrola)\b", ln)]
-    return "\n".join(["language en 10", f"name en-{voice}"] + keep) + "\n"
+def english_from_native(data: Path, voice: str) -> MbrolaEnglish:
+    """An English entry from the native one's gender, pitch range, voicing and mbrola line."""
+    fields = dict(ln.split(None, 1) for ln in (data / "voices" / "mb" / f"mb-{voice}").read_text().splitlines()
+                  if re.match(r"(gender|pitch|voicing|mbrola)\s", ln))
+    pitch = tuple(int(x) for x in fields.get("pitch", "82 117").split()[:2])
+    db, table, *rate = fields["mbrola"].split()
+    return MbrolaEnglish(db, fields.get("gender", "male").startswith("female"), pitch, table,
+                         rate=int(rate[0]) if rate else None,
+                         voicing=int(fields["voicing"]) if "voicing" in fields else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = english_mbrola_data(Path(tmp) / "espeak-ng-data")
         for v in args.candidates:
-            (data / "voices" / "mb" / f"mb-{v}-en").write_text(native_entry(SYSTEM_ESPEAK_DATA, v))
+            (data / "voices" / "mb" / f"mb-{v}-en").write_text(english_from_native(SYSTEM_ESPEAK_DATA, v).entry())
         synth = EspeakSynth(default_library()[0], str(data))
         for name in args.references + [f"mb-{v}-en" for v in args.candidates]:
             refs, hyps, failed = [], [], 0

@@ -49,6 +49,17 @@ def test_catalogue_trains_on_them_and_never_holds_them_out() -> None:
 
 
 @needs_espeak_data
+def test_entries_are_the_native_entries_in_english(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each of the nine keeps its native entry's gender, pitch range, voicing, phoneme table and sample rate,
+    as the probe (benchmarks/probe_mbrola_voices.py) derives them from Debian's espeak-ng data."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from probe_mbrola_voices import english_from_native
+
+    for v in EXTRA_MBROLA_EN:
+        assert english_from_native(SYSTEM_ESPEAK_DATA, v.voice) == v
+
+
+@needs_espeak_data
 def test_private_data_folder_lists_every_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = english_mbrola_data(tmp_path / "espeak-ng-data")
     mb = sorted(p.name for p in (data / "voices" / "mb").iterdir())
