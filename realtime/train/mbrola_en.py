@@ -31,7 +31,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-SYSTEM_ESPEAK_DATA = Path("/usr/lib/x86_64-linux-gnu/espeak-ng-data")
+# Debian's data folder, beside the library that espeak.default_library finds
+SYSTEM_ESPEAK_DATA = next((p for p in (Path("/usr/lib/x86_64-linux-gnu/espeak-ng-data"),
+                                       Path("/usr/lib/aarch64-linux-gnu/espeak-ng-data")) if p.is_dir()),
+                          Path("/usr/lib/x86_64-linux-gnu/espeak-ng-data"))
 SYSTEM_MBROLA = Path("/usr/share/mbrola")
 MAX_VOICES = 349  # espeak-ng's N_VOICES_LIST - 1: voice files past it are silently not listed
 
