@@ -3,6 +3,7 @@ a shard whose audio would no longer match its offsets is refused; held-out voice
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -119,3 +120,50 @@ def test_pack_synthesises_training_shards_that_unpack_into_a_corpus(tmp_path):
     assert set(corpus_obj.voices) == {"espeak:mb-us1"} and corpus_obj.num_utterances >= 2
     texts = {t for f in shards.glob("*.npz") for t in RawShard.load(f).texts}
     assert texts <= set(train)  # training sentences only
+
+
+def packed_part(folder: Path, voices: list[str], seed: int) -> None:
+    """A folder as `pack` leaves it: pre-train-NNNNN shards (the same names in every part) + index.json."""
+    folder.mkdir()
+    for i, voice in enumerate(voices):
+        raw = make_shard(folder / f"raw{i}.npz", seed + i)
+        RawShard(voice, voice, raw.split, raw.texts, raw.audio, raw.offsets, raw.word_times,
+                 raw.word_offsets).save(folder / f"raw{i}.npz")
+        pack_shard(folder / f"raw{i}.npz", folder / f"pre-train-{i:05d}{SUFFIX}", 0.95)
+        (folder / f"raw{i}.npz").unlink()
+    (folder / "index.json").write_text(f'{{"voices": {sorted(set(voices))!r}, "seed": {seed}}}'.replace("'", '"'))
+
+
+def test_merge_renames_parts_apart_and_trims_only_the_named_voices(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    packed_part(a, ["festival:rab_diphone", "espeak:mb-us1", "festival:ked_diphone", "festival:rab_diphone"], 0)
+    packed_part(b, ["rhvoice:bdl", "rhvoice:clb"], 10)
+    out = tmp_path / "merged"
+    main(["merge", "--out", str(out), "pre-=" + str(a), "rh-=" + str(b)])
+    names = sorted(f.name for f in out.glob("*" + SUFFIX))
+    assert names == [f"pre-train-{i:05d}{SUFFIX}" for i in range(4)] + [f"rh-train-{i:05d}{SUFFIX}" for i in range(2)]
+    index = json.loads((out / "index.json").read_text())
+    assert index["parts"]["rh-"]["seed"] == 10 and index["parts"]["pre-"]["merged_shards"] == 4
+    shards = tmp_path / "shards"
+    assert unpack(out, shards, 1)["shards"] == 6  # nothing overwritten on the way
+    assert sorted(RawShard.load(f).voice for f in shards.glob("rh-*.npz")) == ["rhvoice:bdl", "rhvoice:clb"]
+
+    # trimming: only part "pre-", only its espeak voices, until the folder fits; the count is written down
+    sizes = {f.name: f.stat().st_size for f in out.glob("*" + SUFFIX)}
+    budget = sum(sizes.values()) - 1  # one shard must go
+    trimmed = tmp_path / "trimmed"
+    main(["merge", "--out", str(trimmed), "pre-=" + str(a), "rh-=" + str(b), "--max-mb", str(budget / 1e6),
+          "--trim", "pre-", "--trim-voices", "espeak:"])
+    left = {f.name for f in trimmed.glob("*" + SUFFIX)}
+    gone = set(sizes) - left
+    assert gone == {f"pre-train-00001{SUFFIX}"}  # the one espeak shard of part pre-: Festival's are kept
+    assert sum(sizes[n] for n in left) <= budget
+    index = json.loads((trimmed / "index.json").read_text())
+    assert index["parts"]["pre-"]["dropped_to_fit"] == 1 and index["shards"] == 5
+
+    # a budget that even dropping every allowed shard cannot meet is an error, not a silent overshoot
+    with pytest.raises(SystemExit, match="still"):
+        main(["merge", "--out", str(tmp_path / "x"), "pre-=" + str(a), "rh-=" + str(b), "--max-mb", "0.000001",
+              "--trim", "pre-", "--trim-voices", "espeak:"])
+    with pytest.raises(SystemExit, match="not empty"):
+        main(["merge", "--out", str(out), "pre-=" + str(a)])

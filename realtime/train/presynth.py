@@ -2,6 +2,8 @@
 
     python -m realtime.train.presynth pack --corpus .train_carry/corpus.tsv.gz --out .train_carry/presynth \
         [--voices mb-us1 mb-us2 mb-ro1-en ...] [--hours 3.5] [--sentences-per-shard 10] [--seed 11]
+    python -m realtime.train.presynth merge --out .train_carry/presynth pre-=DIR_A rh-=DIR_B ... \
+        [--max-mb 32.4 --trim pre- --trim-voices espeak:]
 
 A training call carries at most 64 MiB with the repository. An mbrola diphone database is 3-8 MB
 even compressed, so a carry brings about six of them; the same room holds hours of Opus speech from
@@ -14,6 +16,8 @@ uniformly, so the shard size (`--sentences-per-shard`) sets these voices' share 
 Decoding needs the `soundfile` wheel (with its bundled libsndfile) in the carry's wheels. The English
 entries of `mbrola_en.py` live in a private espeak-ng data folder, which `pack` builds for its workers
 when it is asked for one of those voices.
+`merge` joins several packed folders (made with different voices or seeds) into the carry's one folder,
+renaming each part's shards so that none collide, and can drop shards of one part to fit the carry.
 """
 
 from __future__ import annotations
@@ -157,6 +161,52 @@ def pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _voice_of(path: Path) -> str:
+    with np.load(path) as z:
+        return json.loads(z["meta"].tobytes().decode())["voice"]
+
+
+def merge(dst: Path, parts: list[tuple[str, Path]], max_bytes: int | None = None, trim: str | None = None,
+          trim_voices: str = "", seed: int = 0) -> dict:
+    """Packed folders (each one `pack`'s output) into one folder for a carry. Part `PREFIX=DIR` has its
+    shards renamed from `pre-` to `PREFIX` (names must not collide: unpack writes shards by name), and its
+    index.json kept under "parts". With `max_bytes`, shards of the part `trim` whose voice starts with
+    `trim_voices` are dropped at random until the folder fits; how many is written down, never silent."""
+    dst.mkdir(parents=True, exist_ok=True)
+    if any(dst.iterdir()):
+        raise SystemExit(f"{dst} is not empty")
+    index: dict = {"parts": {}}
+    for prefix, src in parts:
+        if prefix in index["parts"]:
+            raise SystemExit(f"prefix {prefix!r} given twice")
+        files = sorted(src.glob("pre-*" + SUFFIX))
+        if not files:
+            raise SystemExit(f"{src}: no packed shards (pre-*{SUFFIX})")
+        for f in files:
+            (dst / (prefix + f.name[len("pre-"):])).write_bytes(f.read_bytes())
+        index["parts"][prefix] = json.loads((src / "index.json").read_text()) if (src / "index.json").exists() else {}
+        index["parts"][prefix]["merged_shards"] = len(files)
+    total = sum(f.stat().st_size for f in dst.glob("*" + SUFFIX))
+    if max_bytes is not None and total > max_bytes:
+        if trim is None or trim not in index["parts"]:
+            raise SystemExit(f"{total} bytes > {max_bytes} and no part to trim (--trim PREFIX)")
+        pool = [f for f in sorted(dst.glob(trim + "*" + SUFFIX)) if _voice_of(f).startswith(trim_voices)]
+        np.random.default_rng(seed).shuffle(pool)
+        dropped = 0
+        while total > max_bytes and pool:
+            f = pool.pop()
+            total -= f.stat().st_size
+            f.unlink()
+            dropped += 1
+        if total > max_bytes:
+            raise SystemExit(f"still {total} bytes > {max_bytes} after dropping every shard of {trim!r}")
+        index["parts"][trim]["dropped_to_fit"] = dropped
+        logger.info("dropped %d shards of %s (voices %s*) to fit %d bytes", dropped, trim, trim_voices, max_bytes)
+    index["shards"], index["bytes"] = len(list(dst.glob("*" + SUFFIX))), total
+    (dst / "index.json").write_text(json.dumps(index, indent=2))
+    return {"shards": index["shards"], "bytes": total}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -174,8 +224,25 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--src", required=True)
     u.add_argument("--dst", required=True)
     u.add_argument("--workers", type=int, default=0)
+    m = sub.add_parser("merge", help="packed folders into one carry folder (PREFIX=DIR ...)")
+    m.add_argument("--out", required=True)
+    m.add_argument("parts", nargs="+", help="PREFIX=DIR: DIR's pre-* shards renamed to PREFIX*")
+    m.add_argument("--max-mb", type=float, default=None, help="trim the --trim part to fit this many MB")
+    m.add_argument("--trim", default=None, help="the PREFIX whose shards may be dropped")
+    m.add_argument("--trim-voices", default="", help="only shards whose voice key starts with this")
+    m.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
+    if args.cmd == "merge":
+        parts = []
+        for item in args.parts:
+            prefix, sep, folder = item.partition("=")
+            if not sep or not prefix or not folder:
+                ap.error(f"a part is PREFIX=DIR, not {item!r}")
+            parts.append((prefix, Path(folder)))
+        max_bytes = None if args.max_mb is None else int(args.max_mb * 1e6)
+        logger.info("%s", merge(Path(args.out), parts, max_bytes, args.trim, args.trim_voices, args.seed))
+        return 0
     if args.cmd == "unpack":
         logger.info("%s", unpack(Path(args.src), Path(args.dst), args.workers or os.cpu_count() or 1))
         return 0
