@@ -119,6 +119,14 @@ class BatchConfig:
     pause_s: tuple[float, float] = (0.05, 1.2)
     lead_s: tuple[float, float] = (0.0, 0.8)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    # Streams pick their shard uniformly, so a voice's share of the batches is its share of the shards,
+    # whatever its catalogue weight: a training call's own synthesis (3 flite speakers + formant voices,
+    # ~2,400 large shards a rank) outnumbers the carried speech of 32 recorded speakers (480 small ones)
+    # about 5 to 1. With `voice_share` > 0 that fraction of the streams first draws a voice by its weight
+    # in `voice_weights` (voice key -> weight; unlisted voices 1.0) among the voices loaded, then one of
+    # its shards. 0 keeps the uniform draw, and with it the exact batches of earlier runs.
+    voice_share: float = 0.0
+    voice_weights: tuple[tuple[str, float], ...] = ()
 
 
 def draw_delay_ms(rng: np.random.Generator) -> int:
@@ -132,11 +140,33 @@ class StreamBatcher:
         self.mel = BatchLogMel(cfg.audio, corpus.device)
         self.spt = cfg.samples_per_token
         self.rate = cfg.audio.sampling_rate
+        if not 0.0 <= bcfg.voice_share <= 1.0:
+            raise ValueError(f"voice_share must be in [0, 1], got {bcfg.voice_share}")
+        self._weights = dict(bcfg.voice_weights)
+        self._by_voice: dict[str, list[int]] = {}
+        self._voice_p: tuple[list[str], np.ndarray] = ([], np.zeros(0))
+        self._indexed = 0  # shards of the (growing) corpus grouped by voice so far
+
+    def pick_shard(self, rng: np.random.Generator) -> int:
+        """The shard a new stream is cut from (see BatchConfig.voice_share)."""
+        n = len(self.corpus.by_shard)
+        if self.bcfg.voice_share == 0.0 or rng.random() >= self.bcfg.voice_share:
+            return int(rng.integers(n))
+        if self._indexed < n:  # new shards arrived while training: regroup
+            for i in range(self._indexed, n):
+                self._by_voice.setdefault(self.corpus.voices[i], []).append(i)
+            self._indexed = n
+            names = sorted(self._by_voice)
+            w = np.array([self._weights.get(v, 1.0) for v in names], np.float64)
+            self._voice_p = (names, w / w.sum())
+        names, p = self._voice_p
+        shards = self._by_voice[names[int(rng.choice(len(names), p=p))]]
+        return shards[int(rng.integers(len(shards)))]
 
     def _stream(self, rng: np.random.Generator, target_s: float
                 ) -> tuple[list[tuple[int, int, int, int]], list[TimedWord], list[list[int]], int]:
         """Segments (shard, src, dst, length), shifted words, their tokens, user samples."""
-        utts = self.corpus.by_shard[int(rng.integers(len(self.corpus.by_shard)))]
+        utts = self.corpus.by_shard[self.pick_shard(rng)]
         pos = int(rng.uniform(*self.bcfg.lead_s) * self.rate)
         segs, words, toks = [], [], []
         for _ in range(64):

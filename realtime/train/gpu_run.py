@@ -178,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
     from .voices import VoiceSpec, available, catalogue, mbrola_probe_voice
 
     train_v, held_v = catalogue(args.unseen_formant_weight)
+    # every training voice's catalogue weight, carried speech included (BatchConfig.voice_share)
+    voice_weights = tuple(sorted((v.key, v.weight) for v in train_v))
     espeak_data = os.environ.get("STREAMSCRIBE_ESPEAK_DATA")
     probes = probe_engines(mbrola_probe_voice(train_v + held_v, espeak_data))
     metrics["engine_probes"] = probes
@@ -231,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
     tc = TrainConfig(data=str(shards), tokenizer=str(carry / "tok"), out=str(WORK / "run"), size=args.size,
                      device="cuda" if cuda else "cpu", seed=args.seed, lr=args.lr,
                      batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds,
-                                       augment=AugmentConfig(p_eq=args.p_eq)),
+                                       augment=AugmentConfig(p_eq=args.p_eq), voice_share=args.voice_share,
+                                       voice_weights=voice_weights),
                      ckpt_every_s=args.export_every_s, min_utterances=args.min_utterances,
                      warmup_steps=args.warmup_steps, init_from=args.init_from, profile_at=args.profile_at)
     logger.info("training on %d GPU(s) until %.0f s", gpus, train_end - t_start)
@@ -330,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(the usual formant voices share 2.3 of about 22)")
     r.add_argument("--p-eq", type=float, default=0.0,
                    help="share of rows given the random equaliser (augment.draw_eq); run 12 used 0.5")
+    r.add_argument("--voice-share", type=float, default=0.0,
+                   help="share of streams whose shard is drawn by voice weight, not uniformly (data.BatchConfig); "
+                        "0 (runs 1-18) lets the many large shards synthesised in the call dominate")
     r.add_argument("--profile-at", type=int, default=60, help="profile 3 steps from this one into run.log")
     r.add_argument("--init-from", default=None,
                    help="a model folder (e.g. an earlier run's unpacked $OUT, carried) to continue from")
