@@ -18,7 +18,7 @@ class ShardList:
     """What StreamBatcher reads of a Corpus when it picks shards: one entry per shard, and its voice."""
 
     voices: list[str]
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     by_shard: list[list] = field(default_factory=list)
 
     def __post_init__(self) -> None:
