@@ -84,3 +84,17 @@ def test_share_zero_draws_exactly_as_before() -> None:
 def test_share_out_of_range_is_refused() -> None:
     with pytest.raises(ValueError, match="voice_share"):
         _batcher(ShardList(["flite:slt"]), 1.5, WEIGHTS)
+
+
+def test_the_mix_trained_is_counted_by_voice_group() -> None:
+    """`stream_shares` (written into a run's metrics) reports the streams actually cut, by engine group."""
+    corpus = ShardList(["flite:slt"] * 6 + ["espeak:mb-fr2-en"] * 2 + ["espeak:en-us+m3"] * 2)
+    b = _batcher(corpus, 0.0, WEIGHTS)
+    rng = np.random.default_rng(5)
+    picks = [corpus.voices[b.pick_shard(rng)] for _ in range(5000)]
+    assert sum(b.streams_by_voice.values()) == 5000
+    shares = b.stream_shares()
+    assert set(shares) == {"flite", "mbrola", "espeak-formant"}
+    assert shares["mbrola"] == pytest.approx(picks.count("espeak:mb-fr2-en") / 5000, abs=1e-4)
+    assert shares["espeak-formant"] == pytest.approx(picks.count("espeak:en-us+m3") / 5000, abs=1e-4)
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,6 +130,14 @@ class BatchConfig:
     voice_weights: tuple[tuple[str, float], ...] = ()
 
 
+def voice_group(voice: str) -> str:
+    """"flite", "mbrola", "espeak-formant", "festival", "rhvoice", ... for a voice key like "espeak:mb-us1"."""
+    engine, _, base = voice.partition(":")
+    if engine == "espeak":
+        return "mbrola" if base.startswith("mb-") else "espeak-formant"
+    return engine
+
+
 def draw_delay_ms(rng: np.random.Generator) -> int:
     choices = list(ALLOWED_DELAYS_MS) + [480]  # 480 ms (the default) twice as often
     return int(choices[rng.integers(len(choices))])
@@ -146,9 +155,23 @@ class StreamBatcher:
         self._by_voice: dict[str, list[int]] = {}
         self._voice_p: tuple[list[str], np.ndarray] = ([], np.zeros(0))
         self._indexed = 0  # shards of the (growing) corpus grouped by voice so far
+        self.streams_by_voice: Counter[str] = Counter()  # streams cut so far, by voice: the mix actually trained
+
+    def stream_shares(self) -> dict[str, float]:
+        """Share of the streams cut so far by voice group (engine; mbrola and formant espeak apart)."""
+        groups: Counter[str] = Counter()
+        for voice, n in self.streams_by_voice.items():
+            groups[voice_group(voice)] += n
+        total = sum(groups.values()) or 1
+        return {g: round(n / total, 4) for g, n in sorted(groups.items())}
 
     def pick_shard(self, rng: np.random.Generator) -> int:
         """The shard a new stream is cut from (see BatchConfig.voice_share)."""
+        shard = self._pick(rng)
+        self.streams_by_voice[self.corpus.voices[shard]] += 1
+        return shard
+
+    def _pick(self, rng: np.random.Generator) -> int:
         n = len(self.corpus.by_shard)
         if self.bcfg.voice_share == 0.0 or rng.random() >= self.bcfg.voice_share:
             return int(rng.integers(n))

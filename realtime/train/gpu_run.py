@@ -145,8 +145,10 @@ class OutHooks:
         h = tr.history
         stats = {"steps": tr.step, "train_minutes": tr.train_s / 60, "audio_hours_seen": tr.audio_seen_s / 3600,
                  "corpus_hours_rank0": tr.corpus.hours, "corpus_shards_rank0": len(tr.corpus.by_shard),
+                 "stream_shares_rank0": tr.batcher.stream_shares(),  # the voice mix trained (--voice-share)
                  "final_loss": h["loss"][-1:], "val_loss": h["val_loss"][-3:], "val_text_acc": h["val_text_acc"][-3:]}
         (WORK / "train_stats.json").write_text(json.dumps(stats, indent=2))
+        logger.info("streams by voice group, rank 0: %s", stats["stream_shares_rank0"])
 
 
 def after_training_failure(gpus: int, seconds_left: float, finished: bool) -> str:
