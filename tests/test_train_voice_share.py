@@ -98,3 +98,12 @@ def test_the_mix_trained_is_counted_by_voice_group() -> None:
     assert shares["mbrola"] == pytest.approx(picks.count("espeak:mb-fr2-en") / 5000, abs=1e-4)
     assert shares["espeak-formant"] == pytest.approx(picks.count("espeak:en-us+m3") / 5000, abs=1e-4)
     assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_validation_batches_stay_uniform_and_unaugmented() -> None:
+    """Held-out-voice validation must not follow the training draw: its losses compare across runs."""
+    from realtime.train.train import NO_AUGMENT, validation_batches
+
+    train = BatchConfig(voice_share=0.5, voice_weights=(("flite:slt", 2.0),), max_seconds=12.0)
+    val = validation_batches(train)
+    assert val.voice_share == 0.0 and val.augment == NO_AUGMENT and val.max_seconds == 12.0

@@ -97,6 +97,12 @@ def init_weights(model: VoxtralRealtime, std: float = 0.02) -> None:
                 p.normal_(0.0, s)
 
 
+def validation_batches(train: BatchConfig) -> BatchConfig:
+    """The held-out-voice validation batches: no augmentation, and shards drawn uniformly whatever the
+    training draw (voice_share), so that validation losses compare across runs."""
+    return replace(train, augment=NO_AUGMENT, voice_share=0.0)
+
+
 def lr_at(tc: TrainConfig, step: int, train_s: float) -> float:
     warm = min(1.0, (step + 1) / max(1, tc.warmup_steps))
     prog = step / tc.max_steps
@@ -285,7 +291,7 @@ class Trainer:
         if not self.val_corpus.by_shard:
             return float("nan"), float("nan")
         self.model.eval()
-        vb = StreamBatcher(self.cfg, self.val_corpus, replace(self.tc.batch, augment=NO_AUGMENT), seed=12345)
+        vb = StreamBatcher(self.cfg, self.val_corpus, validation_batches(self.tc.batch), seed=12345)
         losses, accs = [], []
         for i in range(self.tc.val_batches):
             loss, st = batch_loss(self.model, vb.batch(i), self.amp, self.tc.pad_weight)
