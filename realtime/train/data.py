@@ -26,6 +26,7 @@ from .augment import AugmentConfig, apply_masks, augment, draw_eq, draw_masks, d
 from .features import BatchLogMel
 from .synth import RawShard
 from .targets import TargetError, TimedWord, build_input_ids, loss_mask_start
+from .voices import voice_group
 
 logger = logging.getLogger(__name__)
 
@@ -128,14 +129,6 @@ class BatchConfig:
     # its shards. 0 keeps the uniform draw, and with it the exact batches of earlier runs.
     voice_share: float = 0.0
     voice_weights: tuple[tuple[str, float], ...] = ()
-
-
-def voice_group(voice: str) -> str:
-    """"flite", "mbrola", "espeak-formant", "festival", "rhvoice", ... for a voice key like "espeak:mb-us1"."""
-    engine, _, base = voice.partition(":")
-    if engine == "espeak":
-        return "mbrola" if base.startswith("mb-") else "espeak-formant"
-    return engine
 
 
 def draw_delay_ms(rng: np.random.Generator) -> int:

@@ -12,7 +12,8 @@ training sentences: the same `plan_tasks` as the device, held-out voices never) 
 shard with its audio as OGG Opus (16 kHz, ~17 kbps at the default level; the sample count is kept
 exactly, so the word times stay valid). On the training machine `gpu_run` calls `unpack`, which
 decodes them into ordinary shards beside the ones synthesised there. The StreamBatcher draws shards
-uniformly, so the shard size (`--sentences-per-shard`) sets these voices' share of the batches.
+uniformly unless a run sets `--voice-share` (data.BatchConfig), so by default the shard size
+(`--sentences-per-shard`) sets these voices' share of the batches.
 Decoding needs the `soundfile` wheel (with its bundled libsndfile) in the carry's wheels. The English
 entries of `mbrola_en.py` live in a private espeak-ng data folder, which `pack` builds for its workers
 when it is asked for one of those voices.
@@ -29,6 +30,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -77,10 +79,15 @@ def pack_shard(src: Path, dst: Path, level: float) -> tuple[int, int]:
     return int(raw.audio.size), dst.stat().st_size
 
 
+def _meta(z: np.lib.npyio.NpzFile) -> dict:
+    """A packed shard's voice, speaker, split and texts (written by pack_shard)."""
+    return json.loads(z["meta"].tobytes().decode())
+
+
 def unpack_shard(src: Path, dst_dir: Path) -> float:
     """A packed shard -> an ordinary shard in `dst_dir`; returns its seconds of audio."""
     with np.load(src) as z:
-        meta = json.loads(z["meta"].tobytes().decode())
+        meta = _meta(z)
         raw = RawShard(meta["voice"], meta["speaker"], meta["split"], meta["texts"],
                        decode_opus(z["opus"].tobytes()), z["offsets"], z["word_times"], z["word_offsets"])
     if raw.audio.size != int(raw.offsets[-1]):  # Opus keeps the sample count; never trust a shifted shard
@@ -163,7 +170,7 @@ def pack(args: argparse.Namespace) -> int:
 
 def _voice_of(path: Path) -> str:
     with np.load(path) as z:
-        return json.loads(z["meta"].tobytes().decode())["voice"]
+        return _meta(z)["voice"]
 
 
 def merge(dst: Path, parts: list[tuple[str, Path]], max_bytes: int | None = None, trim: str | None = None,
@@ -183,7 +190,7 @@ def merge(dst: Path, parts: list[tuple[str, Path]], max_bytes: int | None = None
         if not files:
             raise SystemExit(f"{src}: no packed shards (pre-*{SUFFIX})")
         for f in files:
-            (dst / (prefix + f.name[len("pre-"):])).write_bytes(f.read_bytes())
+            shutil.copyfile(f, dst / (prefix + f.name[len("pre-"):]))
         index["parts"][prefix] = json.loads((src / "index.json").read_text()) if (src / "index.json").exists() else {}
         index["parts"][prefix]["merged_shards"] = len(files)
     total = sum(f.stat().st_size for f in dst.glob("*" + SUFFIX))

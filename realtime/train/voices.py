@@ -47,6 +47,14 @@ ACCENTED_MBROLA = (("ro1", False), ("pl1", True), ("fr1", False), ("sw2", True),
                    ("de5", True), ("de4", False), ("de6", False))
 
 
+def voice_group(key: str) -> str:
+    """"flite", "mbrola", "espeak-formant", "festival" or "rhvoice" for a voice key ("espeak:mb-us1")."""
+    engine, _, base = key.partition(":")
+    if engine == "espeak":
+        return "mbrola" if base.startswith("mb-") else "espeak-formant"
+    return engine
+
+
 @dataclass(frozen=True)
 class VoiceSpec:
     """A voice of the catalogue; `render` draws the per-utterance speed and pitch."""
@@ -64,7 +72,7 @@ class VoiceSpec:
     @property
     def is_mbrola(self) -> bool:
         """An mbrola diphone voice, spoken through espeak-ng (needs its voice file and `mbrola`)."""
-        return self.engine == "espeak" and self.base.startswith("mb-")
+        return voice_group(self.key) == "mbrola"
 
     def render(self, rng: np.random.Generator) -> EspeakVoice | FliteVoice | FestivalVoice | RHVoiceVoice:
         speed = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))
