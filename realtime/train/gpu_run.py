@@ -238,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
                                        augment=AugmentConfig(p_eq=args.p_eq), voice_share=args.voice_share,
                                        voice_weights=voice_weights),
                      ckpt_every_s=args.export_every_s, min_utterances=args.min_utterances,
-                     warmup_steps=args.warmup_steps, init_from=args.init_from, profile_at=args.profile_at)
+                     warmup_steps=args.warmup_steps, init_from=args.init_from, profile_at=args.profile_at,
+                     ema_decay=args.ema_decay)
     logger.info("training on %d GPU(s) until %.0f s", gpus, train_end - t_start)
     hooks = OutHooks(str(out), metrics)
     try:
@@ -338,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--voice-share", type=float, default=0.0,
                    help="share of streams whose shard is drawn by voice weight, not uniformly (data.BatchConfig); "
                         "0 (runs 1-18) lets the many large shards synthesised in the call dominate")
+    r.add_argument("--ema-decay", type=float, default=0.0,
+                   help="evaluate and export a moving average of the weights (realtime.train.ema); 0 (runs 1-20) "
+                        "exports the last step's")
     r.add_argument("--profile-at", type=int, default=60, help="profile 3 steps from this one into run.log")
     r.add_argument("--init-from", default=None,
                    help="a model folder (e.g. an earlier run's unpacked $OUT, carried) to continue from")

@@ -27,6 +27,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from ..tokenizer import load_tokenizer
 from ..tokenizer_build import NUM_CONTROL_TOKENS
 from .augment import AugmentConfig
 from .data import IGNORE, Batch, BatchConfig, Corpus, StreamBatcher
+from .ema import WeightAverage
 from .model_size import SIZES
 
 logger = logging.getLogger(__name__)
@@ -78,6 +80,9 @@ class TrainConfig:
     rank: int = 0  # data-parallel rank and world size (the process group is set up by the caller)
     world: int = 1
     sync_every: int = 20  # steps between the ranks' agreement on the training time and audio seen
+    # > 0: validate and export an exponential moving average of the weights (realtime.train.ema),
+    # not the last step's; 0 (runs 1-20) exports the last step's weights
+    ema_decay: float = 0.0
 
 
 def init_weights(model: VoxtralRealtime, std: float = 0.02) -> None:
@@ -161,6 +166,8 @@ class Trainer:
         init_weights(self.model)
         if tc.init_from:
             self.warm_start(Path(tc.init_from))
+        # after the warm start: the average begins at the weights the run begins from
+        self.ema = WeightAverage(self.model, tc.ema_decay) if tc.ema_decay > 0 else None
         decay = [p for n, p in self.model.named_parameters() if p.ndim >= 2 and "embed" not in n]
         rest = [p for n, p in self.model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
@@ -209,7 +216,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         state = {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                  "train_s": self.train_s, "audio_seen_s": self.audio_seen_s, "history": self.history,
-                 "train_config": asdict(self.tc)}
+                 "train_config": asdict(self.tc), "ema": self.ema.state_dict() if self.ema else None}
         tmp = self.ckpt_path.with_suffix(".tmp")
         torch.save(state, tmp)
         tmp.replace(self.ckpt_path)
@@ -221,6 +228,10 @@ class Trainer:
         state = torch.load(self.ckpt_path, map_location=self.device, weights_only=False)
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["opt"])
+        if self.ema is not None:
+            if state.get("ema") is None:
+                raise ValueError(f"{self.ckpt_path} has no weight average; resume with the run's own ema_decay")
+            self.ema.load_state_dict(state["ema"])
         self.step, self.train_s = state["step"], state["train_s"]
         self.audio_seen_s, self.history = state["audio_seen_s"], state["history"]
         logger.info("resumed from %s at step %d (%.1f min trained)", self.ckpt_path, self.step, self.train_s / 60)
@@ -229,6 +240,15 @@ class Trainer:
     def export(self, folder: Path | None = None, max_shard_bytes: int | None = None) -> Path:
         """fp16 weights + config + tokenizer: the shippable model folder (sharded if asked)."""
         folder = folder or self.out / "model"
+        with self.shipped_weights():
+            return self._export(folder, max_shard_bytes)
+
+    def shipped_weights(self) -> AbstractContextManager[None]:
+        """Inside it the model holds the weights that validation and export use: the average
+        when `ema_decay` is set, else its own."""
+        return self.ema.swapped_into(self.model) if self.ema is not None else nullcontext()
+
+    def _export(self, folder: Path, max_shard_bytes: int | None) -> Path:
         if folder.exists():  # a previous export may have had another number of shards
             for old in list(folder.glob("*.safetensors")) + list(folder.glob("*.index.json")):
                 old.unlink()
@@ -240,7 +260,7 @@ class Trainer:
             {"steps": self.step, "train_minutes": self.train_s / 60, "audio_hours_seen": self.audio_seen_s / 3600,
              "corpus_hours": self.corpus.hours, "corpus_voices": sorted(set(self.corpus.voices)),
              "data_parallel_ranks": self.tc.world,  # with several ranks, corpus_* describe rank 0's part
-             "size": self.tc.size}, indent=2))
+             "size": self.tc.size, "ema_decay": self.tc.ema_decay}, indent=2))
         return folder
 
     def plot(self) -> None:
@@ -293,10 +313,11 @@ class Trainer:
         self.model.eval()
         vb = StreamBatcher(self.cfg, self.val_corpus, validation_batches(self.tc.batch), seed=12345)
         losses, accs = [], []
-        for i in range(self.tc.val_batches):
-            loss, st = batch_loss(self.model, vb.batch(i), self.amp, self.tc.pad_weight)
-            losses.append(float(loss))
-            accs.append(float(st["text_acc"]))
+        with self.shipped_weights():
+            for i in range(self.tc.val_batches):
+                loss, st = batch_loss(self.model, vb.batch(i), self.amp, self.tc.pad_weight)
+                losses.append(float(loss))
+                accs.append(float(st["text_acc"]))
         self.model.train()
         return sum(losses) / len(losses), sum(accs) / len(accs)
 
@@ -366,6 +387,8 @@ class Trainer:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
             self.opt.step()
+            if self.ema is not None:
+                self.ema.update(self.model)
             self.step += 1
             self._local_audio_s += batch.audio_seconds
             if profiler is not None and self.step == tc.profile_at + 3:
@@ -432,13 +455,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--init-from", default=None,
                     help="exported model folder or packed file (realtime.train.warm) to start from (fresh optimizer)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--ema-decay", type=float, default=0.0,
+                    help="validate and export a moving average of the weights with this decay (0 = last step's)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
     tc = TrainConfig(data=args.data, tokenizer=args.tokenizer, out=args.out, size=args.size, seed=args.seed,
                      max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
-                     warmup_steps=args.warmup_steps, init_from=args.init_from,
+                     warmup_steps=args.warmup_steps, init_from=args.init_from, ema_decay=args.ema_decay,
                      batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds))
     if args.device:
         tc.device = args.device
