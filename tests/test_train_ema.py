@@ -64,6 +64,9 @@ def test_export_holds_the_average_and_training_continues_from_its_own_weights(
         assert torch.equal(p, average[name].half().float()), name
         differs += not torch.equal(p, tr.model.state_dict()[name].half().float())
     assert differs > 0
+    # and it moved away from the start, where a run of this seed begins
+    start = Trainer(replace(_config(data, tok, tmp_path / "start", max_steps=5), ema_decay=0.6)).model.state_dict()
+    assert not any(torch.equal(average[name], start[name]) for name in average)
     loss_avg, _ = tr.validate()
     loss_own, _ = plain.validate()
     assert loss_avg != loss_own
