@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="share of rows given the random equaliser (augment.draw_eq); run 12 used 0.5")
     r.add_argument("--voice-share", type=float, default=0.0,
                    help="share of streams whose shard is drawn by voice weight, not uniformly (data.BatchConfig); "
-                        "0 (runs 1-18) lets the many large shards synthesised in the call dominate")
+                        "0 (runs 1-18, 21) lets the many large shards synthesised in the call dominate")
     r.add_argument("--ema-decay", type=float, default=0.0,
                    help="evaluate and export a moving average of the weights (realtime.train.ema); 0 (runs 1-20) "
                         "exports the last step's")
