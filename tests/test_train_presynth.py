@@ -167,3 +167,62 @@ def test_merge_renames_parts_apart_and_trims_only_the_named_voices(tmp_path):
               "--trim", "pre-", "--trim-voices", "espeak:"])
     with pytest.raises(SystemExit, match="not empty"):
         main(["merge", "--out", str(out), "pre-=" + str(a)])
+
+
+def test_pack_eval_takes_only_held_out_voices(tmp_path):
+    with pytest.raises(SystemExit, match="not held-out voices of the catalogue: \\['mb-us1'\\]"):
+        main(["pack-eval", "--corpus", str(tmp_path / "none.tsv.gz"), "--out", str(tmp_path / "o"),
+              "--voices", "mb-us3", "mb-us1"])
+
+
+def test_pack_eval_carries_the_cpu_evaluation_set_to_the_device_evaluation(tmp_path):
+    """A held-out voice's evaluation shards, packed here, merged and unpacked as on the device: the
+    sentences and synthesis seeds of rescore_heldout's plan for that seed, split "heldout", found by the
+    device's evaluation and validation, never by a trainer's corpus. Uses a held-out formant voice
+    (espeak-ng is all CI has); the mbrola speakers us3 and en1 go the same way."""
+    import shutil
+
+    import torch
+
+    from realtime.tokenizer import load_tokenizer
+    from realtime.train.data import Corpus
+    from realtime.train.evaluate import build_items
+    from realtime.train.presynth import heldout_eval_tasks, select_heldout_voices
+    from realtime.train.synth import plan_tasks
+    from realtime.train.text_corpus import Sentence, read_corpus, write_corpus
+    from realtime.train.voices import catalogue
+
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed")
+    test = ["the birch canoe slid on the smooth planks", "glue the sheet to the dark blue background",
+            "it is easy to tell the depth of a well", "these days a chicken leg is a rare dish"]
+    corpus = tmp_path / "corpus.tsv.gz"
+    write_corpus([Sentence("train", "t", "a training sentence only")] + [Sentence("test", "t", t) for t in test], corpus)
+    packed, merged, shards = tmp_path / "packed", tmp_path / "merged", tmp_path / "shards"
+    assert main(["pack-eval", "--corpus", str(corpus), "--out", str(packed), "--voices", "en-us-nyc+f4",
+                 "--per-voice", "3", "--seed", "8", "--workers", "1"]) == 0
+    voice = select_heldout_voices(["en-us-nyc+f4"])
+    (task,) = heldout_eval_tasks(corpus, voice, per_voice=3, seed=8)
+    train_v, held_v = catalogue()  # the plan exactly as benchmarks/rescore_heldout.py --seed 8 makes it
+    (cpu_task,) = [t for t in plan_tasks(read_corpus(corpus), train_v, held_v, train_hours=0, eval_per_voice=3,
+                                         seed=8) if t.voice.key == "espeak:en-us-nyc+f4"]
+    assert (task.name, task.split, task.texts, task.seed) == ("pre-" + cpu_task.name, "heldout", cpu_task.texts,
+                                                             cpu_task.seed)
+    assert [f.name for f in packed.glob("*" + SUFFIX)] == [task.name + SUFFIX]
+    # a training part beside it, as in a real carry
+    packed_part(tmp_path / "train_part", ["espeak:mb-us1"], seed=40)
+    main(["merge", "--out", str(merged), f"pre-={tmp_path / 'train_part'}", f"ev-={packed}"])
+    unpack(merged, shards, workers=1)
+    (shard,) = [RawShard.load(f) for f in shards.glob("ev-*.npz")]
+    assert shard.split == "heldout" and shard.voice == "espeak:en-us-nyc+f4" and tuple(shard.texts) == task.texts
+    assert set(shard.texts) <= set(test)
+
+    items = build_items(shards, delays=[480], per_voice=3, sweep_per_voice=0, real_dir=None)
+    assert [(i.group, i.voice, i.ref) for i in items] == [("heldout", "espeak:en-us-nyc+f4", t) for t in task.texts]
+    tok = load_tokenizer(Path(__file__).resolve().parent.parent / "models" / "default")
+    train = Corpus(shards, tok, torch.device("cpu"))
+    train.refresh()
+    assert set(train.voices) == {"espeak:mb-us1"}
+    held = Corpus(shards, tok, torch.device("cpu"), splits=("heldout",))
+    held.refresh()
+    assert set(held.voices) == {"espeak:en-us-nyc+f4"} and held.num_utterances == 3

@@ -109,15 +109,22 @@ def _decode(item: EvalItem) -> str:
     return transcribe(model, tok, item.audio, delay_ms=item.delay_ms).text
 
 
+EVAL_SHARD_NAME = re.compile(r"(^|-)(heldout|seen)-\d")
+
+
 def build_items(data: Path, *, delays: list[int], per_voice: int, sweep_per_voice: int, real_dir: Path | None,
                 default_delay: int = 480) -> list[EvalItem]:
     from .synth import Shard
 
     items: list[EvalItem] = []
     for path in sorted(data.glob("*.npz")):
-        if not path.name.startswith(("heldout-", "seen-")):
+        # the device's own heldout-NN / seen-NN shards, and carried ones renamed by presynth merge
+        # (ev-heldout-NN); the name spares loading every training shard, the split decides
+        if not EVAL_SHARD_NAME.search(path.name):
             continue
         shard = Shard.load(path)
+        if shard.split not in ("heldout", "seen"):
+            continue
         for i, u in enumerate(shard.utterances[:per_voice]):
             for d in delays:
                 if d == default_delay or i < sweep_per_voice:

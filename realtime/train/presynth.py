@@ -2,7 +2,9 @@
 
     python -m realtime.train.presynth pack --corpus .train_carry/corpus.tsv.gz --out .train_carry/presynth \
         [--voices mb-us1 mb-us2 mb-ro1-en ...] [--hours 3.5] [--sentences-per-shard 10] [--seed 11]
-    python -m realtime.train.presynth merge --out .train_carry/presynth pre-=DIR_A rh-=DIR_B ... \
+    python -m realtime.train.presynth pack-eval --corpus .train_carry/corpus.tsv.gz --out DIR \
+        --voices mb-us3 mb-en1 [--seed 8] [--per-voice 40]
+    python -m realtime.train.presynth merge --out .train_carry/presynth pre-=DIR_A rh-=DIR_B ev-=DIR ... \
         [--max-mb 32.4 --trim pre- --trim-voices espeak:]
 
 A training call carries at most 64 MiB with the repository. An mbrola diphone database is 3-8 MB
@@ -17,6 +19,10 @@ uniformly unless a run sets `--voice-share` (data.BatchConfig), so by default th
 Decoding needs the `soundfile` wheel (with its bundled libsndfile) in the carry's wheels. The English
 entries of `mbrola_en.py` live in a private espeak-ng data folder, which `pack` builds for its workers
 when it is asked for one of those voices.
+`pack-eval` packs the evaluation shards of held-out voices whose engine data the call cannot carry
+(the mbrola speakers us3 and en1): exactly the set `benchmarks/rescore_heldout.py --seed N` scores on
+the CPU for those voices, split "heldout", so the device's own evaluation and validation cover all
+five held-out voices while no trainer ever reads them (a Corpus reads only its splits).
 `merge` joins several packed folders (made with different voices or seeds) into the carry's one folder,
 renaming each part's shards so that none collide, and can drop shards of one part to fit the carry.
 """
@@ -42,7 +48,7 @@ import numpy as np
 from .festival import festival_available
 from .mbrola_en import EXTRA_NAMES, english_mbrola_data
 from .rhvoice import rhvoice_available
-from .synth import RATE, RawShard, plan_tasks, synthesize
+from .synth import RATE, RawShard, Task, plan_tasks, synthesize
 from .text_corpus import read_corpus
 from .voices import VoiceSpec, available, catalogue
 
@@ -105,16 +111,25 @@ def unpack(src_dir: Path, dst_dir: Path, workers: int) -> dict[str, float]:
     return {"shards": len(files), "hours": sum(seconds) / 3600}
 
 
-def select_training_voices(names: list[str]) -> list[VoiceSpec]:
-    """Training voices by base name ("slt": every engine's slt) or by engine:base key ("rhvoice:slt");
-    a name that is no training voice (a held-out one, say) stops the pack: held-out speakers never leave
-    here as training audio."""
-    train_v, _ = catalogue()
-    wanted = [v for v in train_v if v.key in names or v.base in names]
+def _select(names: list[str], pool: list[VoiceSpec], what: str) -> list[VoiceSpec]:
+    """Voices of `pool` by base name ("slt": every engine's slt) or by engine:base key ("rhvoice:slt");
+    any other name stops the command."""
+    wanted = [v for v in pool if v.key in names or v.base in names]
     missing = sorted(set(names) - {v.base for v in wanted} - {v.key for v in wanted})
     if missing:
-        raise SystemExit(f"not training voices of the catalogue: {missing}")
+        raise SystemExit(f"not {what} of the catalogue: {missing}")
     return wanted
+
+
+def select_training_voices(names: list[str]) -> list[VoiceSpec]:
+    """Training voices by name or key; a name that is no training voice (a held-out one, say) stops the
+    pack: held-out speakers never leave here as training audio."""
+    return _select(names, catalogue()[0], "training voices")
+
+
+def select_heldout_voices(names: list[str]) -> list[VoiceSpec]:
+    """Held-out voices by name or key; a training voice stops `pack-eval`."""
+    return _select(names, catalogue()[1], "held-out voices")
 
 
 @contextlib.contextmanager
@@ -137,8 +152,21 @@ def _english_mbrola_data_in_use(folder: Path) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def heldout_eval_tasks(corpus: Path, voices: list[VoiceSpec], per_voice: int, seed: int) -> list[Task]:
+    """The held-out tasks of `voices` in the plan that `rescore_heldout.py --seed N` scores on the CPU
+    (same sentences, same synthesis seeds), named pre-heldout-NN. gpu_run's own plan differs: it
+    leaves out the voices the call cannot synthesise, which shifts the others' draws."""
+    train_v, held_v = catalogue()
+    keys = {v.key for v in voices}
+    return [dataclasses.replace(t, name="pre-" + t.name)
+            for t in plan_tasks(read_corpus(corpus), train_v, held_v, train_hours=0, eval_per_voice=per_voice,
+                                seed=seed)
+            if t.split == "heldout" and t.voice.key in keys]
+
+
 def pack(args: argparse.Namespace) -> int:
-    wanted = select_training_voices(args.voices)
+    evaluation = args.cmd == "pack-eval"
+    wanted = select_heldout_voices(args.voices) if evaluation else select_training_voices(args.voices)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workers = args.workers or os.cpu_count() or 1
@@ -148,10 +176,13 @@ def pack(args: argparse.Namespace) -> int:
         voices = available(wanted, espeak=True, flite=True, festival=festival_available(), rhvoice=rhvoice_available())
         if len(voices) != len(wanted):
             raise SystemExit(f"voices not installed here: {sorted({v.base for v in wanted} - {v.base for v in voices})}")
-        tasks = [dataclasses.replace(t, name="pre-" + t.name)
-                 for t in plan_tasks(read_corpus(Path(args.corpus)), voices, [], train_hours=args.hours,
-                                     eval_per_voice=0, seed=args.seed, per_task=args.sentences_per_shard)
-                 if t.split == "train"]
+        if evaluation:
+            tasks = heldout_eval_tasks(Path(args.corpus), voices, args.per_voice, args.seed)
+        else:
+            tasks = [dataclasses.replace(t, name="pre-" + t.name)
+                     for t in plan_tasks(read_corpus(Path(args.corpus)), voices, [], train_hours=args.hours,
+                                         eval_per_voice=0, seed=args.seed, per_task=args.sentences_per_shard)
+                     if t.split == "train"]
         shards = Path(tmp) / "shards"
         stats = synthesize(tasks, shards, workers)
         files = sorted(shards.glob("*.npz"))
@@ -227,6 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--level", type=float, default=0.95, help="soundfile's Opus compression level (0-1)")
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--workers", type=int, default=0)
+    e = sub.add_parser("pack-eval", help="held-out voices' evaluation shards (split heldout, never trained on)")
+    e.add_argument("--corpus", required=True)
+    e.add_argument("--out", required=True)
+    e.add_argument("--voices", nargs="+", required=True, help="held-out base names or engine:base keys")
+    e.add_argument("--per-voice", type=int, default=40, help="utterances per voice (gpu_run's --eval-per-voice)")
+    e.add_argument("--seed", type=int, default=8, help="the evaluation plan's seed (rescore_heldout.py --seed)")
+    e.add_argument("--level", type=float, default=0.95, help="soundfile's Opus compression level (0-1)")
+    e.add_argument("--workers", type=int, default=0)
     u = sub.add_parser("unpack")
     u.add_argument("--src", required=True)
     u.add_argument("--dst", required=True)
@@ -253,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "unpack":
         logger.info("%s", unpack(Path(args.src), Path(args.dst), args.workers or os.cpu_count() or 1))
         return 0
-    if args.voices is None:
+    if args.cmd == "pack" and args.voices is None:
         args.voices = [v.base for v in catalogue()[0] if v.is_mbrola]
     return pack(args)
 
