@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # mbrola with its us1 voice and the nine databases that realtime/train/mbrola_en.py speaks English
-# through, Festival with its rab and ked diphone voices, and RHVoice's English voices, for the synthesis
-# tests. mbrola, rab and RHVoice live in Debian's contrib/non-free sections, which the image's sources do
-# not list: use a private sources file (the machine's own Debian mirror) and leave /etc alone
+# through, Festival with its rab and ked diphone voices, RHVoice's English voices and SVOX Pico
+# (realtime/train/pico.py), for the synthesis tests. mbrola, rab, RHVoice and Pico live in Debian's
+# contrib/non-free sections, which the image's sources do not list: use a private sources file (the
+# machine's own Debian mirror) and leave /etc alone
 # (../shared/reference/speech_data.md §1). Failure only warns: the tests that need them then report
 # themselves as skipped.
 set -uo pipefail
 [ -f /usr/share/mbrola/us1/us1 ] && command -v mbrola >/dev/null && command -v festival >/dev/null \
   && [ -d /usr/share/festival/voices/english/rab_diphone ] && [ -d /usr/share/festival/voices/english/ked_diphone ] \
   && [ -d /usr/share/RHVoice/voices/bdl ] && [ -e /usr/lib/x86_64-linux-gnu/libRHVoice.so.5 ] \
-  && [ -f /usr/share/mbrola/cr1/cr1 ] && exit 0
+  && [ -f /usr/share/mbrola/cr1/cr1 ] && command -v pico2wave >/dev/null && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
 # the first active Debian URI (deb822 "URIs:" or one-line "deb" entries; comments skipped)
@@ -27,5 +28,10 @@ if $sudo apt-get "${opts[@]}" update -qq && DEBIAN_FRONTEND=noninteractive $sudo
   echo "mbrola + us1 + the nine databases of realtime/train/mbrola_en.py, festival + rab + ked, RHVoice English installed"
 else
   echo "WARNING: could not install mbrola/festival/RHVoice (contrib/non-free); their synthesis tests will be skipped" >&2
+fi
+# apart, so that a mirror without it costs only the Pico tests
+if ! DEBIAN_FRONTEND=noninteractive $sudo apt-get "${opts[@]}" install -y -qq --no-install-recommends \
+     libttspico-utils >/dev/null; then
+  echo "WARNING: could not install SVOX Pico (non-free); its synthesis tests will be skipped" >&2
 fi
 rm -rf "$dir"

@@ -89,3 +89,16 @@ def align_word_times(audio: np.ndarray, words: list[str],
         out.append(TimedWord(w, s, e))
         prev_end = e
     return out
+
+
+def reference_renderings(words: list[str]) -> list[tuple[np.ndarray, list[TimedWord]]]:
+    """The same words from the exact-time renderers the alignment uses (Festival's ked and rab,
+    espeak-ng's en-us), through `synth.engine_for`: the worker's own engines (the espeak-ng library is
+    process-global; one instance per worker is enough)."""
+    from .espeak import EspeakVoice
+    from .festival import FestivalVoice
+    from .synth import engine_for
+
+    fest, esp = engine_for("festival"), engine_for("espeak")
+    return [fest.synthesize(FestivalVoice("ked_diphone"), words), fest.synthesize(FestivalVoice("rab_diphone"), words),
+            esp.synthesize(EspeakVoice("en-us"), words)]

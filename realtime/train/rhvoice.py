@@ -82,18 +82,6 @@ class _SynthParams(C.Structure):
 _PUNCTUATION_NONE = 1
 
 
-def _references(words: list[str]) -> list[tuple[np.ndarray, list[TimedWord]]]:
-    """The same words from the exact-time renderers the alignment uses, through `synth.engine_for`: the
-    worker's own engines (the espeak-ng library is process-global; one instance per worker is enough)."""
-    from .espeak import EspeakVoice
-    from .festival import FestivalVoice
-    from .synth import engine_for
-
-    fest, esp = engine_for("festival"), engine_for("espeak")
-    return [fest.synthesize(FestivalVoice("ked_diphone"), words), fest.synthesize(FestivalVoice("rab_diphone"), words),
-            esp.synthesize(EspeakVoice("en-us"), words)]
-
-
 class RHVoiceSynth:
     def __init__(self) -> None:
         if not rhvoice_available():
@@ -155,13 +143,13 @@ class RHVoiceSynth:
 
     def synthesize(self, voice: RHVoiceVoice, words: list[str]) -> tuple[np.ndarray, list[TimedWord]]:
         """16 kHz float32 audio and the time span of every input word (aligned; see the module docstring)."""
-        from .align import align_word_times
+        from .align import align_word_times, reference_renderings
 
         text = " ".join(words)
         audio, events = self._speak(voice, text)
         offsets = np.cumsum([0] + [len(w) + 1 for w in words[:-1]])
         event_end = {int(np.searchsorted(offsets, pos, side="right")) - 1: t for pos, t in events}
-        timed = align_word_times(audio, words, _references(words))
+        timed = align_word_times(audio, words, reference_renderings(words))
         for k, w in enumerate(timed):
             if k in event_end and abs(w.end - event_end[k]) > EVENT_TOLERANCE_S:
                 raise RHVoiceError(f"aligned end of {w.text!r} ({w.end:.2f} s) is far from RHVoice's own "

@@ -111,7 +111,7 @@ class Task:
 _ENGINES: dict[str, object] = {}
 
 
-def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth | RHVoiceSynth (imported lazily)
+def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth | RHVoiceSynth | PicoSynth (lazily)
     if kind not in _ENGINES:
         if kind == "espeak":
             from .espeak import EspeakSynth
@@ -125,6 +125,10 @@ def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth | RHVo
             from .rhvoice import RHVoiceSynth
 
             _ENGINES[kind] = RHVoiceSynth()
+        elif kind == "pico":
+            from .pico import PicoSynth
+
+            _ENGINES[kind] = PicoSynth()
         else:
             from .flite import FliteSynth
 
