@@ -87,3 +87,12 @@ def test_pico_voices_are_pre_synthesised_into_a_carry(tmp_path) -> None:
     raws = [RawShard.load(f) for f in shards.glob("*.npz")]
     assert raws and all(r.voice.startswith("pico:") and r.split == "train" for r in raws)
     assert {t for r in raws for t in r.texts} <= {"six spoons of fresh snow peas", "we also need a small snake"}
+
+
+@needs_pico
+def test_audio_too_short_for_its_words_is_refused(monkeypatch) -> None:
+    """Pico skipping words would give targets for words never said: 0.3 s for eight words is refused."""
+    synth = PicoSynth()
+    monkeypatch.setattr(synth, "_speak", lambda voice, text: np.zeros(int(0.3 * 16000), np.float32))
+    with pytest.raises(PicoError, match="words were skipped"):
+        synth.synthesize(PicoVoice("en-US"), ["the", "birch", "canoe", "slid", "on", "the", "smooth", "planks"])
