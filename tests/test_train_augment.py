@@ -267,3 +267,27 @@ def test_batches_with_eq_differ_only_in_the_equalised_rows(batcher_parts) -> Non
     assert 0 < int(on.sum()) < b
     for r in range(b):
         assert torch.equal(eq.mel[r], plain.mel[r]) != bool(on[r]), r
+
+
+def test_gpu_run_command_line_sets_the_augmentation_and_refuses_bad_values() -> None:
+    """`gpu_run run --warp LO HI --p-warp P --freq-masks N --freq-mask-bins W --p-eq E` reaches the
+    batches' AugmentConfig; the defaults are AugmentConfig's own (what runs 11-22 used, with --p-eq);
+    bad values stop the call before it synthesises anything."""
+    import argparse
+
+    from realtime.train.gpu_run import augment_config
+
+    def args(**kw: object) -> argparse.Namespace:
+        d = AugmentConfig()
+        base = {"warp": list(d.warp), "p_warp": d.p_warp, "freq_masks": d.freq_masks,
+                "freq_mask_bins": d.freq_mask_bins, "p_eq": 0.0}
+        return argparse.Namespace(**(base | kw))
+
+    assert augment_config(args()) == AugmentConfig()
+    cfg = augment_config(args(warp=[0.78, 1.25], p_warp=0.8, freq_masks=3, freq_mask_bins=27, p_eq=0.25))
+    assert cfg == replace(AugmentConfig(), warp=(0.78, 1.25), p_warp=0.8, freq_masks=3, freq_mask_bins=27,
+                          p_eq=0.25)
+    for bad in ({"warp": [1.1, 1.2]}, {"warp": [0.0, 1.2]}, {"warp": [0.9, 0.95]}, {"p_warp": 1.5},
+                {"p_eq": -0.1}, {"freq_masks": -1}, {"freq_mask_bins": 0}):
+        with pytest.raises(ValueError):
+            augment_config(args(**bad))

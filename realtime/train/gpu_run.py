@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .augment import AugmentConfig
+
 logger = logging.getLogger("realtime.train.gpu_run")
 
 SHARD_BYTES = 15 * 2 ** 20
@@ -163,8 +165,25 @@ def after_training_failure(gpus: int, seconds_left: float, finished: bool) -> st
     return "raise"
 
 
+def augment_config(args: argparse.Namespace) -> AugmentConfig:
+    """The batches' augmentation from the command line; a bad value fails here, before the call
+    spends minutes synthesising."""
+    lo, hi = args.warp
+    if not 0.0 < lo <= 1.0 <= hi:
+        raise ValueError(f"--warp needs 0 < LO <= 1 <= HI (1.0 is the unwarped spectrum), got {lo} {hi}")
+    for name in ("p_eq", "p_warp"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            raise ValueError(f"--{name.replace('_', '-')} is a share of rows in [0, 1], got {getattr(args, name)}")
+    if args.freq_masks < 0 or args.freq_mask_bins < 1:
+        raise ValueError(f"--freq-masks must be >= 0 and --freq-mask-bins >= 1, got {args.freq_masks} "
+                         f"{args.freq_mask_bins}")
+    return AugmentConfig(p_eq=args.p_eq, warp=(lo, hi), p_warp=args.p_warp, freq_masks=args.freq_masks,
+                         freq_mask_bins=args.freq_mask_bins)
+
+
 def run(args: argparse.Namespace) -> int:
     t_start = time.time()
+    augment = augment_config(args)
     deadline = t_start + args.minutes * 60
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -190,7 +209,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(1)  # the other cores synthesise; the trainers run in their own processes
-    from .augment import AugmentConfig
     from .data import BatchConfig
     from .distributed import train_data_parallel
     from .synth import plan_tasks
@@ -235,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     tc = TrainConfig(data=str(shards), tokenizer=str(carry / "tok"), out=str(WORK / "run"), size=args.size,
                      device="cuda" if cuda else "cpu", seed=args.seed, lr=args.lr,
                      batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds,
-                                       augment=AugmentConfig(p_eq=args.p_eq), voice_share=args.voice_share,
+                                       augment=augment, voice_share=args.voice_share,
                                        voice_weights=voice_weights),
                      ckpt_every_s=args.export_every_s, min_utterances=args.min_utterances,
                      warmup_steps=args.warmup_steps, init_from=args.init_from, profile_at=args.profile_at,
@@ -336,6 +354,14 @@ def main(argv: list[str] | None = None) -> int:
                         "(the usual formant voices share 2.3 of about 22)")
     r.add_argument("--p-eq", type=float, default=0.0,
                    help="share of rows given the random equaliser (augment.draw_eq); run 12 used 0.5")
+    d = AugmentConfig()
+    r.add_argument("--warp", type=float, nargs=2, default=list(d.warp), metavar=("LO", "HI"),
+                   help=f"VTLP frequency warp factors, uniform in [LO, HI] (augment.draw_warp; default {d.warp}, "
+                        "runs 11-22)")
+    r.add_argument("--p-warp", type=float, default=d.p_warp, help="share of rows whose spectrum is warped")
+    r.add_argument("--freq-masks", type=int, default=d.freq_masks,
+                   help="frequency bands masked per masked row (augment.draw_masks)")
+    r.add_argument("--freq-mask-bins", type=int, default=d.freq_mask_bins, help="widest masked band, in mel bins")
     r.add_argument("--voice-share", type=float, default=0.0,
                    help="share of streams whose shard is drawn by voice weight, not uniformly (data.BatchConfig); "
                         "0 (runs 1-18, 21) lets the many large shards synthesised in the call dominate")
