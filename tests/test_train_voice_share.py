@@ -107,3 +107,25 @@ def test_validation_batches_stay_uniform_and_unaugmented() -> None:
     train = BatchConfig(voice_share=0.5, voice_weights=(("flite:slt", 2.0),), max_seconds=12.0)
     val = validation_batches(train)
     assert val.voice_share == 0.0 and val.augment == NO_AUGMENT and val.max_seconds == 12.0
+
+
+def test_gpu_run_voice_weight_overrides_catalogue_weights_and_refuses_bad_ones() -> None:
+    """`gpu_run run --voice-weight KEY=W`: a voice key or an engine prefix ("pico:") replaces the catalogue
+    weight of those voices in the --voice-share draw, every other voice keeps its own; a key that names no
+    training voice, a bad weight, all weights 0, or an override without --voice-share is refused."""
+    from realtime.train.gpu_run import weights_with_overrides
+    from realtime.train.voices import catalogue
+
+    train_v, held_v = catalogue(0.0)
+    base = dict(weights_with_overrides(train_v, [], 0.0))
+    assert base == {v.key: v.weight for v in train_v}
+    got = dict(weights_with_overrides(train_v, ["pico:=6", "flite:slt=0.5"], 0.25))
+    assert got["pico:en-US"] == got["pico:en-GB"] == 6.0 and got["flite:slt"] == 0.5
+    assert {k: w for k, w in got.items() if not k.startswith("pico:") and k != "flite:slt"} == \
+        {k: w for k, w in base.items() if not k.startswith("pico:") and k != "flite:slt"}
+    held_key = held_v[0].key
+    for bad, share in ([f"{held_key}=2"], 0.25), (["pico:en-US"], 0.25), (["pico:en-US=-1"], 0.25), \
+            (["pico:en-US=x"], 0.25), (["nosuch:=1"], 0.25), (["pico:=2"], 0.0), \
+            ([f"{k}=0" for k in base], 0.25):
+        with pytest.raises(ValueError):
+            weights_with_overrides(train_v, bad, share)

@@ -181,6 +181,30 @@ def augment_config(args: argparse.Namespace) -> AugmentConfig:
                          freq_mask_bins=args.freq_mask_bins)
 
 
+def weights_with_overrides(train_v: list, overrides: list[str], voice_share: float) -> tuple[tuple[str, float], ...]:
+    """The voice weights of BatchConfig.voice_share: each training voice's catalogue weight, replaced by
+    `--voice-weight KEY=W` for KEY, a voice key ("pico:en-US") or an engine prefix ending in ":" ("pico:")."""
+    weights = {v.key: v.weight for v in train_v}
+    if overrides and voice_share <= 0.0:
+        raise ValueError("--voice-weight only acts on the streams drawn by voice: give --voice-share > 0")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        try:
+            w = float(value)
+        except ValueError:
+            w = -1.0
+        if not sep or not w >= 0.0:
+            raise ValueError(f"--voice-weight wants KEY=W with W >= 0, got {item!r}")
+        hit = [k for k in weights if k == key or (key.endswith(":") and k.startswith(key))]
+        if not hit:
+            raise ValueError(f"--voice-weight {item!r}: no training voice is {key!r} (keys look like 'pico:en-US'; "
+                             "an engine prefix ends in ':')")
+        weights.update(dict.fromkeys(hit, w))
+    if not sum(weights.values()) > 0.0:
+        raise ValueError("--voice-weight leaves every training voice at weight 0")
+    return tuple(sorted(weights.items()))
+
+
 def run(args: argparse.Namespace) -> int:
     t_start = time.time()
     augment = augment_config(args)
@@ -200,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
 
     train_v, held_v = catalogue(args.unseen_formant_weight)
     # every training voice's catalogue weight, carried speech included (BatchConfig.voice_share)
-    voice_weights = tuple(sorted((v.key, v.weight) for v in train_v))
+    voice_weights = weights_with_overrides(train_v, args.voice_weight, args.voice_share)
     espeak_data = os.environ.get("STREAMSCRIBE_ESPEAK_DATA")
     probes = probe_engines(mbrola_probe_voice(train_v + held_v, espeak_data))
     metrics["engine_probes"] = probes
@@ -365,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--voice-share", type=float, default=0.0,
                    help="share of streams whose shard is drawn by voice weight, not uniformly (data.BatchConfig); "
                         "0 (runs 1-18, 21) lets the many large shards synthesised in the call dominate")
+    r.add_argument("--voice-weight", action="append", default=[], metavar="KEY=W",
+                   help="replace a training voice's catalogue weight in the --voice-share draw; KEY is a voice key "
+                        "(pico:en-US) or an engine prefix ending in ':' (pico:); repeatable")
     r.add_argument("--ema-decay", type=float, default=0.0,
                    help="evaluate and export a moving average of the weights (realtime.train.ema); 0 (runs 1-20) "
                         "exports the last step's")
