@@ -226,3 +226,17 @@ def test_pack_eval_carries_the_cpu_evaluation_set_to_the_device_evaluation(tmp_p
     held = Corpus(shards, tok, torch.device("cpu"), splits=("heldout",))
     held.refresh()
     assert set(held.voices) == {"espeak:en-us-nyc+f4"} and held.num_utterances == 3
+
+    # The device also synthesises its own draw (heldout-NN) of the voices its engines speak. For a voice
+    # that came carried, only the carried utterances count; other voices keep the device's own.
+    from realtime.train.synth import Shard
+
+    own = Shard.load(next(shards.glob("ev-*.npz")))
+    own.utterances = own.utterances[:1]
+    own.utterances[0].text = "a sentence of the device's own draw"
+    own.save(shards / "heldout-00.npz")
+    own.voice = "flite:awb"
+    own.save(shards / "heldout-01.npz")
+    items = build_items(shards, delays=[480], per_voice=3, sweep_per_voice=0, real_dir=None)
+    assert sorted((i.voice, i.ref) for i in items) == sorted(
+        [("espeak:en-us-nyc+f4", t) for t in task.texts] + [("flite:awb", "a sentence of the device's own draw")])

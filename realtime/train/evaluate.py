@@ -116,14 +116,21 @@ def build_items(data: Path, *, delays: list[int], per_voice: int, sweep_per_voic
                 default_delay: int = 480) -> list[EvalItem]:
     from .synth import Shard
 
-    items: list[EvalItem] = []
+    shards: list[tuple[bool, Shard]] = []
     for path in sorted(data.glob("*.npz")):
         # the device's own heldout-NN / seen-NN shards, and carried ones renamed by presynth merge
         # (ev-heldout-NN); the name spares loading every training shard, the split decides
         if not EVAL_SHARD_NAME.search(path.name):
             continue
         shard = Shard.load(path)
-        if shard.split not in ("heldout", "seen"):
+        if shard.split in ("heldout", "seen"):
+            shards.append((not path.name.startswith(("heldout-", "seen-")), shard))
+    # A voice with carried shards (`presynth pack-eval`: the CPU's own draw for that voice) is scored on
+    # them alone, so the device's figure for it is the CPU's, on the same utterances, not a mix of two draws.
+    carried_voices = {shard.voice for carried, shard in shards if carried}
+    items: list[EvalItem] = []
+    for carried, shard in shards:
+        if shard.voice in carried_voices and not carried:
             continue
         for i, u in enumerate(shard.utterances[:per_voice]):
             for d in delays:

@@ -22,7 +22,9 @@ when it is asked for one of those voices.
 `pack-eval` packs the evaluation shards of held-out voices whose engine data the call cannot carry
 (the mbrola speakers us3 and en1): exactly the set `benchmarks/rescore_heldout.py --seed N` scores on
 the CPU for those voices, split "heldout", so the device's own evaluation and validation cover all
-five held-out voices while no trainer ever reads them (a Corpus reads only its splits).
+five held-out voices while no trainer ever reads them (a Corpus reads only its splits). It packs the
+other held-out voices as well: the device's evaluation then scores every voice that came carried on the
+carried utterances alone (`evaluate.build_items`), so its figure is measured on the CPU's own draw.
 `merge` joins several packed folders (made with different voices or seeds) into the carry's one folder,
 renaming each part's shards so that none collide, and can drop shards of one part to fit the carry.
 """
