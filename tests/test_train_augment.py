@@ -291,3 +291,7 @@ def test_gpu_run_command_line_sets_the_augmentation_and_refuses_bad_values() -> 
                 {"p_eq": -0.1}, {"freq_masks": -1}, {"freq_mask_bins": 0}):
         with pytest.raises(ValueError):
             augment_config(args(**bad))
+    # the check lives in AugmentConfig itself, so every caller gets it, not only this command line
+    for bad in ({"p_noise": 1.5}, {"p_reverb": -0.1}, {"p_mask": 2.0}, {"warp": (0.9, 0.95)}, {"freq_mask_bins": 0}):
+        with pytest.raises(ValueError):
+            AugmentConfig(**bad)

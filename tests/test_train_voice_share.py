@@ -125,7 +125,7 @@ def test_gpu_run_voice_weight_overrides_catalogue_weights_and_refuses_bad_ones()
         {k: w for k, w in base.items() if not k.startswith("pico:") and k != "flite:slt"}
     held_key = held_v[0].key
     for bad, share in ([f"{held_key}=2"], 0.25), (["pico:en-US"], 0.25), (["pico:en-US=-1"], 0.25), \
-            (["pico:en-US=x"], 0.25), (["nosuch:=1"], 0.25), (["pico:=2"], 0.0), \
+            (["pico:en-US=x"], 0.25), (["pico:en-US=inf"], 0.25), (["nosuch:=1"], 0.25), (["pico:=2"], 0.0), \
             ([f"{k}=0" for k in base], 0.25):
         with pytest.raises(ValueError):
             weights_with_overrides(train_v, bad, share)

@@ -56,6 +56,18 @@ class AugmentConfig:
     eq_db: float = 6.0  # amplitude of the curve's first cosine, in dB (the j-th: eq_db / j)
     eq_terms: int = 4  # cosines in the curve
 
+    def __post_init__(self) -> None:
+        # checked here, for every caller: a bad value would otherwise surface minutes into a training call
+        for name in ("p_reverb", "p_telephone", "p_noise", "p_floor", "p_warp", "p_mask", "p_eq"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} is a share of rows in [0, 1], got {getattr(self, name)}")
+        lo, hi = self.warp
+        if not 0.0 < lo <= 1.0 <= hi:
+            raise ValueError(f"warp needs 0 < LO <= 1 <= HI (1.0 is the unwarped spectrum), got {self.warp}")
+        if self.freq_masks < 0 or self.freq_mask_bins < 1:
+            raise ValueError(f"freq_masks must be >= 0 and freq_mask_bins >= 1, got {self.freq_masks}, "
+                             f"{self.freq_mask_bins}")
+
 
 def _uniform(n: int, lo: float, hi: float, g: torch.Generator, device: torch.device) -> torch.Tensor:
     return lo + (hi - lo) * torch.rand(n, generator=g, device=device)

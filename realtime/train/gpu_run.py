@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -166,18 +167,9 @@ def after_training_failure(gpus: int, seconds_left: float, finished: bool) -> st
 
 
 def augment_config(args: argparse.Namespace) -> AugmentConfig:
-    """The batches' augmentation from the command line; a bad value fails here, before the call
-    spends minutes synthesising."""
-    lo, hi = args.warp
-    if not 0.0 < lo <= 1.0 <= hi:
-        raise ValueError(f"--warp needs 0 < LO <= 1 <= HI (1.0 is the unwarped spectrum), got {lo} {hi}")
-    for name in ("p_eq", "p_warp"):
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            raise ValueError(f"--{name.replace('_', '-')} is a share of rows in [0, 1], got {getattr(args, name)}")
-    if args.freq_masks < 0 or args.freq_mask_bins < 1:
-        raise ValueError(f"--freq-masks must be >= 0 and --freq-mask-bins >= 1, got {args.freq_masks} "
-                         f"{args.freq_mask_bins}")
-    return AugmentConfig(p_eq=args.p_eq, warp=(lo, hi), p_warp=args.p_warp, freq_masks=args.freq_masks,
+    """The batches' augmentation from the command line. Called first in `run`, so a bad value (which
+    AugmentConfig refuses) fails before the call spends minutes synthesising."""
+    return AugmentConfig(p_eq=args.p_eq, warp=tuple(args.warp), p_warp=args.p_warp, freq_masks=args.freq_masks,
                          freq_mask_bins=args.freq_mask_bins)
 
 
@@ -190,11 +182,11 @@ def weights_with_overrides(train_v: list, overrides: list[str], voice_share: flo
     for item in overrides:
         key, sep, value = item.partition("=")
         try:
-            w = float(value)
+            w = float(value) if sep else math.nan
         except ValueError:
-            w = -1.0
-        if not sep or not w >= 0.0:
-            raise ValueError(f"--voice-weight wants KEY=W with W >= 0, got {item!r}")
+            w = math.nan
+        if not (math.isfinite(w) and w >= 0.0):
+            raise ValueError(f"--voice-weight wants KEY=W with a finite W >= 0, got {item!r}")
         hit = [k for k in weights if k == key or (key.endswith(":") and k.startswith(key))]
         if not hit:
             raise ValueError(f"--voice-weight {item!r}: no training voice is {key!r} (keys look like 'pico:en-US'; "
