@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .augment import AugmentConfig
+from .regularize import check_dropout
 
 logger = logging.getLogger("realtime.train.gpu_run")
 
@@ -200,6 +201,7 @@ def weights_with_overrides(train_v: list, overrides: list[str], voice_share: flo
 def run(args: argparse.Namespace) -> int:
     t_start = time.time()
     augment = augment_config(args)
+    check_dropout(args.dropout)  # before any synthesis: a bad value would surface minutes into the call
     deadline = t_start + args.minutes * 60
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -273,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
                                        voice_weights=voice_weights),
                      ckpt_every_s=args.export_every_s, min_utterances=args.min_utterances,
                      warmup_steps=args.warmup_steps, init_from=args.init_from, profile_at=args.profile_at,
-                     ema_decay=args.ema_decay)
+                     ema_decay=args.ema_decay, dropout=args.dropout)
     logger.info("training on %d GPU(s) until %.0f s", gpus, train_end - t_start)
     hooks = OutHooks(str(out), metrics)
     try:
@@ -387,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--ema-decay", type=float, default=0.0,
                    help="evaluate and export a moving average of the weights (realtime.train.ema); 0 (runs 1-20) "
                         "exports the last step's")
+    r.add_argument("--dropout", type=float, default=0.0,
+                   help="training-only dropout on every attention and MLP output (realtime.train.regularize); "
+                        "0 (runs 1-24) uses none")
     r.add_argument("--profile-at", type=int, default=60, help="profile 3 steps from this one into run.log")
     r.add_argument("--init-from", default=None,
                    help="a model folder (e.g. an earlier run's unpacked $OUT, carried) to continue from")

@@ -42,6 +42,7 @@ from ..tokenizer_build import NUM_CONTROL_TOKENS
 from .augment import AugmentConfig
 from .data import IGNORE, Batch, BatchConfig, Corpus, StreamBatcher
 from .ema import WeightAverage
+from .regularize import add_residual_dropout
 from .model_size import SIZES
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class TrainConfig:
     # > 0: validate and export an exponential moving average of the weights (realtime.train.ema),
     # not the last step's; 0 (runs 1-20) exports the last step's weights
     ema_decay: float = 0.0
+    # > 0: training-only dropout on every sublayer's output (realtime.train.regularize); 0 (runs 1-24)
+    dropout: float = 0.0
 
 
 def init_weights(model: VoxtralRealtime, std: float = 0.02) -> None:
@@ -166,6 +169,7 @@ class Trainer:
         init_weights(self.model)
         if tc.init_from:
             self.warm_start(Path(tc.init_from))
+        add_residual_dropout(self.model, tc.dropout)  # hooks: active in train mode only
         # after the warm start: the average begins at the weights the run begins from
         self.ema = WeightAverage(self.model, tc.ema_decay) if tc.ema_decay > 0 else None
         decay = [p for n, p in self.model.named_parameters() if p.ndim >= 2 and "embed" not in n]
@@ -260,7 +264,8 @@ class Trainer:
             {"steps": self.step, "train_minutes": self.train_s / 60, "audio_hours_seen": self.audio_seen_s / 3600,
              "corpus_hours": self.corpus.hours, "corpus_voices": sorted(set(self.corpus.voices)),
              "data_parallel_ranks": self.tc.world,  # with several ranks, corpus_* describe rank 0's part
-             "size": self.tc.size, "ema_decay": self.tc.ema_decay}, indent=2))
+             "size": self.tc.size, "ema_decay": self.tc.ema_decay,
+             "dropout": self.tc.dropout}, indent=2))
         return folder
 
     def plot(self) -> None:
@@ -457,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--ema-decay", type=float, default=0.0,
                     help="validate and export a moving average of the weights with this decay (0 = last step's)")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="training-only dropout on every attention and MLP output (realtime.train.regularize)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     if args.threads:
@@ -464,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     tc = TrainConfig(data=args.data, tokenizer=args.tokenizer, out=args.out, size=args.size, seed=args.seed,
                      max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
                      warmup_steps=args.warmup_steps, init_from=args.init_from, ema_decay=args.ema_decay,
-                     batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds))
+                     dropout=args.dropout, batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds))
     if args.device:
         tc.device = args.device
     trainer = Trainer(tc)
