@@ -42,8 +42,8 @@ from ..tokenizer_build import NUM_CONTROL_TOKENS
 from .augment import AugmentConfig
 from .data import IGNORE, Batch, BatchConfig, Corpus, StreamBatcher
 from .ema import WeightAverage
-from .regularize import add_residual_dropout
 from .model_size import SIZES
+from .regularize import add_residual_dropout
 
 logger = logging.getLogger(__name__)
 progress_log = logging.getLogger("realtime.train.progress")
