@@ -111,7 +111,7 @@ class Task:
 _ENGINES: dict[str, object] = {}
 
 
-def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth | RHVoiceSynth | PicoSynth (lazily)
+def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth | RHVoiceSynth | PicoSynth | PiperSynth
     if kind not in _ENGINES:
         if kind == "espeak":
             from .espeak import EspeakSynth
@@ -129,6 +129,10 @@ def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth | RHVo
             from .pico import PicoSynth
 
             _ENGINES[kind] = PicoSynth()
+        elif kind == "piper":
+            from .piper import PiperSynth
+
+            _ENGINES[kind] = PiperSynth()
         else:
             from .flite import FliteSynth
 

@@ -21,6 +21,7 @@ from .festival import FestivalVoice
 from .flite import FliteVoice
 from .mbrola_en import EXTRA_MBROLA_EN, EXTRA_NAMES
 from .pico import PicoVoice
+from .piper import PiperVoice
 from .rhvoice import RHVoiceVoice
 
 # espeak-ng formant accents and variants (speech_data.md §1; names as espeak_SetVoiceByName takes them)
@@ -49,7 +50,8 @@ ACCENTED_MBROLA = (("ro1", False), ("pl1", True), ("fr1", False), ("sw2", True),
 
 
 def voice_group(key: str) -> str:
-    """"flite", "mbrola", "espeak-formant", "festival", "rhvoice" or "pico" for a voice key ("espeak:mb-us1")."""
+    """"flite", "mbrola", "espeak-formant", "festival", "rhvoice", "pico" or "piper" for a voice key
+    ("espeak:mb-us1")."""
     engine, _, base = key.partition(":")
     if engine == "espeak":
         return "mbrola" if base.startswith("mb-") else "espeak-formant"
@@ -60,8 +62,8 @@ def voice_group(key: str) -> str:
 class VoiceSpec:
     """A voice of the catalogue; `render` draws the per-utterance speed and pitch."""
 
-    engine: str  # "espeak" | "flite" | "festival" | "rhvoice" | "pico"
-    base: str  # espeak voice name (with +variant), flite, Festival, RHVoice or Pico voice name
+    engine: str  # "espeak" | "flite" | "festival" | "rhvoice" | "pico" | "piper"
+    base: str  # espeak voice name (with +variant), flite, Festival, RHVoice, Pico or Piper voice name
     speaker: str  # split key
     female: bool
     weight: float  # relative share of training utterances
@@ -75,8 +77,12 @@ class VoiceSpec:
         """An mbrola diphone voice, spoken through espeak-ng (needs its voice file and `mbrola`)."""
         return voice_group(self.key) == "mbrola"
 
-    def render(self, rng: np.random.Generator) -> EspeakVoice | FliteVoice | FestivalVoice | RHVoiceVoice | PicoVoice:
+    def render(self, rng: np.random.Generator
+               ) -> EspeakVoice | FliteVoice | FestivalVoice | RHVoiceVoice | PicoVoice | PiperVoice:
         speed = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))
+        if self.engine == "piper":  # Piper's duration scale, and its generator and duration noise around the voice's own
+            return PiperVoice(self.base, length_scale=1.0 / speed, noise_scale=float(rng.uniform(0.5, 0.8)),
+                              noise_w=float(rng.uniform(0.6, 1.0)))
         if self.engine == "pico":  # Pico's markup in percent of the voice's own rate and pitch
             return PicoVoice(self.base, speed=round(100 * speed), pitch=rng.integers(85, 121).item())
         if self.engine == "rhvoice":  # RHVoice's own -1..1 scales; +-0.3 is about the same speed range
@@ -132,6 +138,9 @@ def catalogue(unseen_formant_weight: float = 0.0) -> tuple[list[VoiceSpec], list
     # SVOX Pico's two English speakers, statistical synthesis unlike any engine above (pico.py); also only
     # where installed, pre-synthesised for a training call
     train += [VoiceSpec("pico", "en-US", "pico-lh0", True, 1.5), VoiceSpec("pico", "en-GB", "pico-kh0", True, 1.5)]
+    # Piper's joe, the first neural (natural-sounding) speaker (piper.py); only where piper-tts and the voice's
+    # wheel are installed, pre-synthesised for a training call like Pico's
+    train += [VoiceSpec("piper", "en_US-joe-medium", "joe", False, 1.5)]
     n_formant = len(TRAIN_ACCENTS) * len(TRAIN_VARIANTS)
     train += [_formant(a, v, 2.3 / n_formant) for a in TRAIN_ACCENTS for v in TRAIN_VARIANTS]
     if unseen_formant_weight > 0:
@@ -181,16 +190,16 @@ def mbrola_probe_voice(voices: list[VoiceSpec], espeak_data: str | None) -> str 
 
 def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, mbrola: bool = True,
               espeak_data: str | None = None, festival: bool = False, rhvoice: bool = False,
-              pico: bool = False) -> list[VoiceSpec]:
-    """The voices whose engine works (`espeak`, `flite`, `mbrola`, `festival`, `rhvoice`, `pico`: whether
-    each does) and, for mbrola voices, whose voice file is there (a carry may bring only some of them).
-    Festival, RHVoice and Pico are off unless asked: the training machine never has them (their voices
-    come pre-synthesised)."""
+              pico: bool = False, piper: bool = False) -> list[VoiceSpec]:
+    """The voices whose engine works (`espeak`, `flite`, `mbrola`, `festival`, `rhvoice`, `pico`, `piper`:
+    whether each does) and, for mbrola voices, whose voice file is there (a carry may bring only some of
+    them). Festival, RHVoice, Pico and Piper are off unless asked: the training machine never has them (their
+    voices come pre-synthesised)."""
     out = []
     for v in voices:
         if (v.engine == "festival" and not festival) or (v.engine == "rhvoice" and not rhvoice):
             continue
-        if v.engine == "pico" and not pico:
+        if (v.engine == "pico" and not pico) or (v.engine == "piper" and not piper):
             continue
         if v.engine == "flite" and not flite:
             continue
