@@ -1,0 +1,70 @@
+"""benchmarks/score_folder.py, the WER of model folders on a folder of recordings with transcripts: its
+figure is jiwer's over every recording, each hypothesis is what the model transcribes, transcripts are
+normalised like the training evaluation's, and a recording without a transcript is an error."""
+
+from __future__ import annotations
+
+import json
+import sys
+import wave
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from score_folder import main, pairs
+
+from realtime.audio import load_audio_file
+from realtime.model_store import load_model_and_tokenizer
+from realtime.session import transcribe
+from realtime.train.evaluate import normalize_text
+
+MODEL = Path(__file__).resolve().parent.parent / "models" / "default"
+
+
+def _wav(path: Path, audio: np.ndarray) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.clip(audio, -1, 1) * 32767).astype(np.int16).tobytes())
+
+
+def test_scores_every_recording_against_its_transcript(tmp_path: Path) -> None:
+    g = np.random.default_rng(0)
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    t = np.arange(16000 * 2) / 16000
+    clips = {"a": 0.3 * np.sin(2 * np.pi * 220 * t) * (t % 0.5 < 0.3), "b": 0.05 * g.standard_normal(24000)}
+    for name, audio in clips.items():
+        _wav(folder / f"{name}.wav", audio.astype(np.float32))
+    (folder / "a.txt").write_text("Hello, World: 2 birds!\n")
+    (folder / "b.txt").write_text("the quick brown fox")
+    (folder / "notes.md").write_text("not a recording")
+    assert [(p.name, ref) for p, ref in pairs(folder)] == [("a.wav", "hello world two birds"),
+                                                          ("b.wav", "the quick brown fox")]
+    out = tmp_path / "r.json"
+    assert main(["--folder", str(folder), "--models", f"shipped={MODEL}", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())["shipped"]
+    model, tok = load_model_and_tokenizer(str(MODEL), device="cpu", dtype=torch.float32)
+    hyps = []
+    for ex, name in zip(r["examples"], ("a", "b")):
+        assert ex["file"] == f"{name}.wav"
+        direct = transcribe(model, tok, load_audio_file(str(folder / f"{name}.wav"), 16000), delay_ms=480).text
+        assert ex["hyp"] == normalize_text(direct)
+        hyps.append(ex["hyp"])
+    refs = [ex["ref"] for ex in r["examples"]]
+    assert r["n"] == 2 and r["wer"] == round(100 * jiwer.wer(refs, hyps), 2)
+
+
+def test_a_recording_without_transcript_is_an_error(tmp_path: Path) -> None:
+    _wav(tmp_path / "x.wav", np.zeros(1600, np.float32))
+    with pytest.raises(FileNotFoundError, match="x.txt"):
+        pairs(tmp_path)
+    (tmp_path / "x.wav").unlink()
+    with pytest.raises(FileNotFoundError, match="no recordings"):
+        pairs(tmp_path)
