@@ -164,6 +164,13 @@ def evaluate(model_dir: Path, data: Path, *, delays: list[int], per_voice: int, 
     of every group first, then the delay sweep, so a cut-off run still scores every voice)."""
     items = build_items(data, delays=delays, per_voice=per_voice, sweep_per_voice=sweep_per_voice,
                         real_dir=real_dir)
+    return decode_and_score(model_dir, items, workers=workers, deadline=deadline)
+
+
+def decode_and_score(model_dir: Path, items: list[EvalItem], *, workers: int, deadline: float | None = None
+                     ) -> dict:
+    """Decode `items` with the model in `model_dir` on `workers` processes and score them (`score`), plus
+    the decode's size and time and up to 40 examples at 480 ms (see `evaluate` for `deadline`)."""
     order = sorted(range(len(items)), key=lambda i: (items[i].delay_ms != 480, -items[i].audio.size))
     t0 = time.time()
     hyps: dict[int, str] = {}

@@ -471,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     tc = TrainConfig(data=args.data, tokenizer=args.tokenizer, out=args.out, size=args.size, seed=args.seed,
                      max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
                      warmup_steps=args.warmup_steps, init_from=args.init_from, ema_decay=args.ema_decay,
-                     dropout=args.dropout, batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds))
+                     dropout=args.dropout,
+                     batch=BatchConfig(tokens_per_batch=args.tokens_per_batch, max_seconds=args.max_seconds))
     if args.device:
         tc.device = args.device
     trainer = Trainer(tc)

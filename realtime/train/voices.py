@@ -80,7 +80,7 @@ class VoiceSpec:
     def render(self, rng: np.random.Generator
                ) -> EspeakVoice | FliteVoice | FestivalVoice | RHVoiceVoice | PicoVoice | PiperVoice:
         speed = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))
-        if self.engine == "piper":  # Piper's duration scale, and its generator and duration noise around the voice's own
+        if self.engine == "piper":  # Piper's duration scale; generator and duration noise around the voice's own
             return PiperVoice(self.base, length_scale=1.0 / speed, noise_scale=float(rng.uniform(0.5, 0.8)),
                               noise_w=float(rng.uniform(0.6, 1.0)))
         if self.engine == "pico":  # Pico's markup in percent of the voice's own rate and pitch
