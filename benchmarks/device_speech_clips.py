@@ -10,7 +10,8 @@ of the catalogue uses, train sentences) or `warp` (training voices played at a r
 processes run at a time; clips are FLAC (they stay on that machine, so no Opus). The engines come from
 `CARRY/engines.tar.xz`, unpacked as the training run does (`realtime.train.gpu_run.setup_engines`), the
 sentences from `CARRY/corpus.tsv.gz`; soundfile must be importable (the caller installs its wheels).
-Seeds say which clips: the same plan item makes the same audio on any machine with the same engines.
+Seeds say which clips: the same plan item makes the same audio on any machine with the same engines (and
+`train` and `warp` items with one seed speak the same sentences with the same voices: give them different seeds).
 """
 
 from __future__ import annotations
@@ -88,12 +89,12 @@ def run_plan(items: list[PlanItem], out: Path, seconds: float, corpus: Path, job
 
     t0 = time.time()
     failed = {}
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
         for item, rc, tail in pool.map(one, items):
             if rc != 0:
                 failed[item.folder] = tail
                 logger.error("%s failed (rc %d): %s", item.folder, rc, tail)
-    clips = sorted(out.glob("*/*.flac"))
+    clips = sorted(c for i in items for c in (out / i.folder).glob("*.flac"))  # this plan's, not older ones
     seconds_made = sum(sf.info(str(c)).duration for c in clips)
     return {"clips": len(clips), "hours": seconds_made / 3600, "wall_s": time.time() - t0, "failed": failed,
             "folders": sorted(i.folder for i in items)}
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         items = [PlanItem.parse(p) for p in args.plan]
     except ValueError as exc:
         ap.error(str(exc))
+    if args.seconds <= 0 or args.jobs < 1:
+        ap.error("--seconds must be positive and --jobs at least 1")
     carry = Path(args.carry)
     for name in ("engines.tar.xz", "corpus.tsv.gz"):
         if not (carry / name).is_file():

@@ -22,14 +22,15 @@ t0=$(date +%s)
 since() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
 ngpu=$(nvidia-smi -L | wc -l)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/dsite "$carry"/wheels/*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/dsite "$carry"/wheels/*.whl \
   && export PYTHONPATH=/tmp/dsite${PYTHONPATH:+:$PYTHONPATH}
 plan=()
 for i in $(seq 1 "$chunks"); do
   plan+=("train:5:$((1000 + i))" "unseen:5:$((2000 + i))" "warp:5:$((3000 + i))")
 done
 since "synthesising ${#plan[@]} chunks"
-python3 benchmarks/device_speech_clips.py --carry "$carry" --out /tmp/dclips --jobs "$(( $(nproc) - 2 ))" \
+jobs=$(( $(nproc) > 3 ? $(nproc) - 2 : 1 ))  # two cores left for this script and the system
+python3 benchmarks/device_speech_clips.py --carry "$carry" --out /tmp/dclips --jobs "$jobs" \
   --plan "${plan[@]}" --seconds "$clip_s" > "$out/clips.log" 2>&1
 echo "clips rc=$?" >> "$out/clips.log"
 tail -2 "$out/clips.log"

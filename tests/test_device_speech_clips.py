@@ -89,6 +89,8 @@ def test_run_plan_makes_each_items_clips_and_the_same_seed_makes_the_same_audio(
 
 def test_failed_items_are_reported_with_their_error(tmp_path: Path) -> None:
     items = [PlanItem("unseen", 1, 5), PlanItem("unseen", 1, 6)]
+    (tmp_path / "bad" / "train_1").mkdir(parents=True)  # clips of an earlier plan are not this plan's
+    sf.write(str(tmp_path / "bad" / "train_1" / "old.flac"), np.zeros(1600, np.float32), 16000)
     stats = run_plan(items, tmp_path / "bad", 1.0, tmp_path / "missing.tsv.gz", jobs=2)
     assert set(stats["failed"]) == {"unseen_5", "unseen_6"} and stats["clips"] == 0
     assert all("missing.tsv.gz" in tail for tail in stats["failed"].values())
