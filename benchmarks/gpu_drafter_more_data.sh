@@ -75,7 +75,8 @@ since "benchmarked"
 grep -h "offline batch" "$out"/b1_*.log "$out"/b16_64_*.log
 for name in base more; do
   if [ -f "/tmp/drafters/$name/drafter.safetensors" ]; then
-    mkdir -p "$out/$name" && cp "/tmp/drafters/$name/drafter_config.json" "/tmp/drafters/$name/drafter.safetensors" "$out/$name/"
+    mkdir -p "$out/$name"
+    cp "/tmp/drafters/$name/drafter_config.json" "/tmp/drafters/$name/drafter.safetensors" "$out/$name/"
   fi
 done
 cp /tmp/dclips/clips_stats.json "$out/" 2>/dev/null
