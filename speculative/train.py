@@ -13,6 +13,9 @@
    `--unroll U` also trains depths 2..U, where h_{q-1} is replaced by the drafter's own previous
    output, as at draft steps after the first (Eagle-3's training-time test, simplified: the keys
    of earlier positions come from the same depth).
+   `--label-only` stops after this step; `--teacher-from DIR...` trains from the `teacher.pt` of other
+   runs instead of labelling `--audio` (e.g. halves labelled at once on two GPUs), after checking that
+   each was labelled by this target at these delays.
 3. Every `--save-every` steps and at the end: the drafter checkpoint (`drafter_config.json`,
    `drafter.safetensors`) and `train_state.pt` (weights, optimizer, RNG, step): running the same
    command again resumes (or extends to a larger --steps); `--fresh` starts over.
@@ -201,6 +204,56 @@ def _config_key(target_dir: str, files: Sequence[str], tc: TrainConfig, audios: 
     return h.hexdigest()[:16]
 
 
+def target_fingerprint(model: VoxtralRealtime) -> str:
+    """Which target labelled a teacher file: its config and a strided sample of every weight (cheap even
+    for a 4B model on the GPU; two different checkpoints share it only by accident)."""
+    h = hashlib.sha256(repr(model.config).encode())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            flat = p.detach().flatten()
+            h.update(name.encode())
+            h.update(flat[:: max(1, flat.numel() // 256)].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def prepare_teacher(model: VoxtralRealtime, audios: Sequence[np.ndarray], out: Path, tc: TrainConfig, *,
+                    target_dir: str = "", files: Sequence[str] = (), fresh: bool = False) -> list[TeacherSequence]:
+    """The teacher data of `audios`, from `out/teacher.pt` when it was made from the same target, files
+    and delays, else labelled now and saved there (with the target's fingerprint, for --teacher-from)."""
+    key = _config_key(target_dir, files, tc, audios)
+    tfile = out / TEACHER_FILE
+    if tfile.exists() and not fresh:
+        blob = torch.load(tfile, weights_only=False)
+        if blob.get("key") == key:
+            logger.info("teacher data: reusing %s (%d sequences)", tfile, len(blob["seqs"]))
+            return [TeacherSequence(**s) for s in blob["seqs"]]
+    t0 = time.perf_counter()
+    seqs = label_audio(model, audios, tc.delays_ms, store_device="cpu")
+    torch.save({"key": key, "seqs": [asdict(s) for s in seqs], "target": target_fingerprint(model),
+                "delays_ms": sorted(tc.delays_ms)}, tfile)
+    logger.info("teacher data: %.1f s", time.perf_counter() - t0)
+    return seqs
+
+
+def load_teachers(dirs: Sequence[str | Path], model: VoxtralRealtime, tc: TrainConfig) -> list[TeacherSequence]:
+    """The sequences of other runs' teacher files, in the order given; each must come from this target
+    (same weights and dtype) at these delays: a drafter learns the target it was labelled by."""
+    fp, delays = target_fingerprint(model), sorted(tc.delays_ms)
+    seqs: list[TeacherSequence] = []
+    for d in dirs:
+        tfile = Path(d) / TEACHER_FILE
+        if not tfile.is_file():
+            raise ValueError(f"{tfile} does not exist: label it first (--label-only)")
+        blob = torch.load(tfile, weights_only=False)
+        if blob.get("target") != fp:
+            raise ValueError(f"{tfile} was labelled by another target (or before fingerprints were recorded)")
+        if blob.get("delays_ms") != delays:
+            raise ValueError(f"{tfile} was labelled at delays {blob.get('delays_ms')} ms, not {delays}")
+        seqs += [TeacherSequence(**s) for s in blob["seqs"]]
+    logger.info("teacher data: %d sequences from %d teacher file(s)", len(seqs), len(dirs))
+    return seqs
+
+
 class Progress:
     """One status line: redrawn in place on a terminal, logged every `every` steps otherwise."""
 
@@ -298,10 +351,12 @@ class TrainResult:
 def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir: str | Path,
                   tc: TrainConfig | None = None, *, target_dir: str = "", files: Sequence[str] = (),
                   fresh: bool = False, eval_audios: Sequence[np.ndarray] | None = None,
-                  stop_after: int | None = None, max_minutes: float | None = None) -> TrainResult:
+                  stop_after: int | None = None, max_minutes: float | None = None,
+                  teacher: Sequence[TeacherSequence] | None = None) -> TrainResult:
     """Train (or resume) to `tc.steps`. `stop_after` steps / `max_minutes` end this call early
     with a saved state (time-limited jobs: run the same command again to continue); the engine
-    measurement runs only once training is complete."""
+    measurement runs only once training is complete. `teacher`: sequences labelled elsewhere
+    (`load_teachers`), used instead of labelling `audios`."""
     tc = tc or TrainConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -311,19 +366,10 @@ def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir:
         p.requires_grad_(False)
 
     # ---- teacher data (cached) ----
-    key = _config_key(target_dir, files, tc, audios)
-    tfile = out / TEACHER_FILE
-    seqs: list[TeacherSequence] | None = None
-    if tfile.exists() and not fresh:
-        blob = torch.load(tfile, weights_only=False)
-        if blob.get("key") == key:
-            seqs = [TeacherSequence(**s) for s in blob["seqs"]]
-            logger.info("teacher data: reusing %s (%d sequences)", tfile, len(seqs))
-    if seqs is None:
-        t0 = time.perf_counter()
-        seqs = label_audio(model, audios, tc.delays_ms, store_device="cpu")
-        torch.save({"key": key, "seqs": [asdict(s) for s in seqs]}, tfile)
-        logger.info("teacher data: %.1f s", time.perf_counter() - t0)
+    if teacher is not None:
+        seqs = list(teacher)
+    else:
+        seqs = prepare_teacher(model, audios, out, tc, target_dir=target_dir, files=files, fresh=fresh)
     seqs = [s for s in seqs if len(s.hidden) >= 1]
     if not seqs:
         raise ValueError("no training positions: the audio is too short")
@@ -460,8 +506,12 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description="Distil an Eagle drafter from a target checkpoint on audio.")
     ap.add_argument("--target", required=True, help="target checkpoint folder")
-    ap.add_argument("--audio", nargs="+", required=True,
+    ap.add_argument("--audio", nargs="+", default=None,
                     help="training audio: WAV/FLAC/Ogg files, folders (searched recursively) or .txt lists of paths")
+    ap.add_argument("--label-only", action="store_true",
+                    help="label --audio into OUT/teacher.pt and stop (for --teacher-from of another run)")
+    ap.add_argument("--teacher-from", nargs="+", default=None, metavar="DIR",
+                    help="train from these runs' teacher.pt (same target and delays) instead of labelling --audio")
     ap.add_argument("--eval-audio", nargs="*", default=None, help="held-out files for the engine measurement")
     ap.add_argument("--out", required=True, help="output folder (drafter checkpoint, train state, teacher cache)")
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
@@ -483,6 +533,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="target dtype (default bf16 on CUDA)")
     args = ap.parse_args(argv)
+    if (args.audio is None) == (args.teacher_from is None):
+        ap.error("give --audio (to label) or --teacher-from (labelled elsewhere), not both")
+    if args.label_only and args.audio is None:
+        ap.error("--label-only labels --audio")
+    if args.teacher_from is not None and not args.eval_audio:
+        ap.error("--teacher-from needs --eval-audio (there are no training clips to measure on)")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
     tc = TrainConfig(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, unroll=args.unroll,
@@ -490,14 +546,22 @@ def main(argv: list[str] | None = None) -> int:
                      save_every=args.save_every, log_every=args.log_every, seed=args.seed, eval_k=args.k)
     try:
         model, _ = load_model(args.target, device=args.device, dtype=dtype)
-        files = audio_paths(args.audio)
-        audios = [load_audio_file(f, model.config.audio.sampling_rate) for f in files]
-        evals = [load_audio_file(f, model.config.audio.sampling_rate) for f in audio_paths(args.eval_audio)] \
-            if args.eval_audio else None
-        logger.info("%d training files, %.1f min of audio", len(files),
-                    sum(a.size for a in audios) / model.config.audio.sampling_rate / 60)
+        rate = model.config.audio.sampling_rate
+        files = audio_paths(args.audio) if args.audio is not None else []
+        audios = [load_audio_file(f, rate) for f in files]
+        if files:
+            logger.info("%d training files, %.1f min of audio", len(files), sum(a.size for a in audios) / rate / 60)
+        if args.label_only:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            seqs = prepare_teacher(model, audios, out, tc, target_dir=args.target, files=files, fresh=args.fresh)
+            print(json.dumps({"teacher": str(out / TEACHER_FILE), "sequences": len(seqs),
+                              "positions": sum(len(s.hidden) for s in seqs)}))
+            return 0
+        teacher = load_teachers(args.teacher_from, model, tc) if args.teacher_from is not None else None
+        evals = [load_audio_file(f, rate) for f in audio_paths(args.eval_audio)] if args.eval_audio else None
         res = train_drafter(model, audios, args.out, tc, target_dir=args.target, files=files, fresh=args.fresh,
-                            eval_audios=evals, max_minutes=args.max_minutes)
+                            eval_audios=evals, max_minutes=args.max_minutes, teacher=teacher)
     except (AudioError, CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -65,3 +65,64 @@ def test_resumed_training_equals_uninterrupted(tiny_ckpt, tmp_path):
         assert ka == kb and torch.equal(va, vb), ka
     with pytest.raises(ValueError, match="different drafter"):
         train_drafter(model, clips, tmp_path / "b", TrainConfig(**{**tc.__dict__, "layers": 2}), eval_audios=[])
+
+
+def _clips(folder, seeds):
+    folder.mkdir()
+    for s in seeds:
+        sf.write(folder / f"clip{s}.wav", synthetic_audio(2.0, seed=s), 16000)
+    return str(folder)
+
+
+def test_teacher_files_labelled_apart_train_the_same_drafter_as_one_labelling(tiny_ckpt, tmp_path, capsys):
+    """--label-only on two halves (e.g. one per GPU), then --teacher-from both: the same sequences in the
+    same order as labelling everything in one run, so the same drafter, bit for bit."""
+    target = str(tiny_ckpt(seed=1))
+    half_a, half_b = _clips(tmp_path / "a", [801, 802]), _clips(tmp_path / "b", [803, 804])
+    every = _clips(tmp_path / "all", [801, 802, 803, 804])
+    common = ["--target", target, "--device", "cpu", "--batch", "4", "--seq-len", "32", "--lr", "3e-3",
+              "--unroll", "2", "--steps", "8", "--save-every", "100", "--log-every", "100"]
+    for half, name in ((half_a, "la"), (half_b, "lb")):
+        assert main(common + ["--audio", half, "--out", str(tmp_path / name), "--label-only"]) == 0
+        assert (tmp_path / name / TEACHER_FILE).exists()
+        assert not (tmp_path / name / STATE_FILE).exists() and not (tmp_path / name / "drafter_config.json").exists()
+    assert '"sequences": 2' in capsys.readouterr().out
+    evals = ["--eval-audio", str(tmp_path / "a" / "clip801.wav")]
+    assert main(common + ["--teacher-from", str(tmp_path / "la"), str(tmp_path / "lb"),
+                          "--out", str(tmp_path / "apart")] + evals) == 0
+    assert main(common + ["--audio", every, "--out", str(tmp_path / "together")] + evals) == 0
+    apart = torch.load(tmp_path / "apart" / STATE_FILE, weights_only=False)
+    together = torch.load(tmp_path / "together" / STATE_FILE, weights_only=False)
+    assert [h["loss"] for h in apart["history"]] == [h["loss"] for h in together["history"]]
+    for k, v in together["drafter"].items():
+        assert torch.equal(apart["drafter"][k], v), k
+    report = json.loads((tmp_path / "apart" / "train_report.json").read_text())
+    assert report["eval_audio"] == "held-out" and report["480"]["identical_outputs"] == "1/1"
+
+
+def test_teacher_files_of_another_target_or_delay_are_refused(tiny_ckpt, tmp_path, capsys):
+    one, other = str(tiny_ckpt(seed=1)), str(tiny_ckpt(seed=2))
+    clips = _clips(tmp_path / "c", [811])
+    base = ["--device", "cpu", "--steps", "2", "--batch", "2", "--seq-len", "16"]
+    assert main(base + ["--target", one, "--audio", clips, "--out", str(tmp_path / "l"), "--label-only"]) == 0
+    evals = ["--eval-audio", clips]
+    use = base + ["--teacher-from", str(tmp_path / "l"), "--out", str(tmp_path / "t")] + evals
+    capsys.readouterr()
+    assert main(use + ["--target", other]) == 2
+    assert "labelled by another target" in capsys.readouterr().err
+    assert main(use + ["--target", one, "--delays", "160"]) == 2
+    assert "labelled at delays [480] ms, not [160]" in capsys.readouterr().err
+    blob = torch.load(tmp_path / "l" / TEACHER_FILE, weights_only=False)
+    del blob["target"]  # a teacher file from before fingerprints were recorded
+    torch.save(blob, tmp_path / "l" / TEACHER_FILE)
+    assert main(use + ["--target", one]) == 2
+    assert "another target" in capsys.readouterr().err
+    missing = base + ["--target", one, "--teacher-from", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m")]
+    assert main(missing + evals) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "t" / STATE_FILE).exists()
+    for bad in (["--audio", clips, "--teacher-from", str(tmp_path / "l")] + evals,  # both sources
+                ["--teacher-from", str(tmp_path / "l")],  # nothing to measure on
+                ["--teacher-from", str(tmp_path / "l"), "--label-only"] + evals):  # nothing to label
+        with pytest.raises(SystemExit):
+            main(base + ["--target", one, "--out", str(tmp_path / "x")] + bad)
