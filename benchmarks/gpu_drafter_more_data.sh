@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on 2 GPUs (nvidia-h200-x2): does more distillation audio make a better drafter?
-#   benchmarks/gpu_drafter_more_data.sh OUT EVAL_DIR CARRY [CHUNKS] [STEPS] [CLIP_SECONDS]
+#   benchmarks/gpu_drafter_more_data.sh OUT EVAL_DIR CARRY [CHUNKS] [STEPS] [CLIP_SECONDS] [MODE]
 # Why: the recipe's drafter (2.1 h of speech, 3,000 steps) is right on 99.8% of its training positions
 # but, on the CPU, 83% on new sentences of training voices and 67% on held-out voices
 # (benchmarks/drafter_accuracy.py): it learns its clips by heart.
@@ -13,11 +13,14 @@
 #    training after 3.3 min (its state saved, no evaluation) should its data take longer than planned.
 # 3. Both are benchmarked at once (bench_speculative.py, bf16, k = 4): batch 1 with 3 alternating
 #    repeats, then batches 16 and 64 with the end-of-stream flush.
-# With one GPU only `more` runs. Back: OUT/results.tar (logs, reports, benchmark JSON) and
-# OUT/{base,more}/drafter{.safetensors,_config.json}.
+# MODE `split` (for many hours) leaves `base` out: each GPU labels half of the chunks at once
+# (speculative.train --label-only), then `more` trains from both teacher files (--teacher-from) and is
+# benchmarked. With one GPU only `more` runs, labelled in one piece.
+# Back: OUT/results.tar (logs, reports, benchmark JSON) and OUT/{base,more}/drafter{.safetensors,_config.json}.
 set -u
 out=${1:?out dir}; evals=${2:?held-out clips folder}; carry=${3:?carry with engines.tar.xz, corpus.tsv.gz, wheels}
-chunks=${4:-24}; steps=${5:-4500}; clip_s=${6:-60}
+chunks=${4:-24}; steps=${5:-4500}; clip_s=${6:-60}; mode=${7:-compare}
+case $mode in compare|split) ;; *) echo "MODE must be compare or split, not $mode" >&2; exit 2;; esac
 t0=$(date +%s)
 since() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
@@ -42,13 +45,19 @@ for i in $(seq 1 "$chunks"); do
     [ "$i" -le 8 ] && base_audio+=("$d")
   done
 done
-distil() {  # name gpu steps limit training-minutes folders...
+distil() {  # name gpu steps limit training-minutes source-arguments (--audio DIRS... or --teacher-from DIRS...)
   local name=$1 gpu=$2 n=$3 limit=$4 minutes=$5; shift 5
-  CUDA_VISIBLE_DEVICES=$gpu timeout "$limit" python3 -m speculative.train --target models/default --audio "$@" \
+  CUDA_VISIBLE_DEVICES=$gpu timeout "$limit" python3 -m speculative.train --target models/default "$@" \
     --eval-audio "$evals" --out "/tmp/drafters/$name" --delays 480 --unroll 4 --steps "$n" \
     --max-minutes "$minutes" --log-every 500 > "$out/distill_$name.log" 2>&1
   echo "$name rc=$?" >> "$out/distill_$name.log"
   [ -f "/tmp/drafters/$name/train_report.json" ] && cp "/tmp/drafters/$name/train_report.json" "$out/report_$name.json"
+}
+label() {  # name gpu limit folders...: one part's teacher file, for --teacher-from
+  local name=$1 gpu=$2 limit=$3; shift 3
+  CUDA_VISIBLE_DEVICES=$gpu timeout "$limit" python3 -m speculative.train --target models/default --audio "$@" \
+    --out "/tmp/labels/$name" --delays 480 --label-only > "$out/label_$name.log" 2>&1
+  echo "$name rc=$?" >> "$out/label_$name.log"
 }
 bench() {  # name gpu
   local name=$1 gpu=$2 d="/tmp/drafters/$1"
@@ -61,14 +70,24 @@ bench() {  # name gpu
     --out "$out/b16_64_$name.json" > "$out/b16_64_$name.log" 2>&1
 }
 since "distilling"
-if [ "$ngpu" -ge 2 ]; then
-  distil base 0 3000 220 9 "${base_audio[@]}" &
+if [ "$mode" = split ] && [ "$ngpu" -ge 2 ]; then
+  half=$(( ${#all_audio[@]} / 2 ))
+  label part0 0 200 "${all_audio[@]:0:half}" &
+  label part1 1 200 "${all_audio[@]:half}"
+  wait
+  since "labelled"
+  grep -h -E "teacher:|rc=" "$out"/label_*.log
+  distil more 1 "$steps" 300 4 --teacher-from /tmp/labels/part0 /tmp/labels/part1
+else
+  if [ "$ngpu" -ge 2 ]; then
+    distil base 0 3000 220 9 --audio "${base_audio[@]}" &
+  fi
+  distil more $(( ngpu >= 2 ? 1 : 0 )) "$steps" 300 3.3 --audio "${all_audio[@]}"
+  wait
 fi
-distil more $(( ngpu >= 2 ? 1 : 0 )) "$steps" 300 3.3 "${all_audio[@]}"
-wait
 since "distilled"
 grep -h -E "training files|teacher:|rc=" "$out"/distill_*.log
-if [ "$ngpu" -ge 2 ]; then bench base 0 & fi
+if [ "$ngpu" -ge 2 ] && [ "$mode" = compare ]; then bench base 0 & fi
 bench more $(( ngpu >= 2 ? 1 : 0 ))
 wait
 since "benchmarked"
