@@ -6,7 +6,7 @@
 1. Teacher data: the target transcribes every file (greedy, through the batched offline engine) at
    each delay; a teacher-forced pass over its own greedy tokens (chunked, sliding-window caches)
    records, per LM position q, the audio embedding a_q and the final hidden state h_q. Cached in
-   `OUT/teacher.pt` (keyed by target, files and delays) so a resumed run does not redo it.
+   `OUT/teacher.pt` (keyed by the target's weights, files and delays) so a resumed run does not redo it.
 2. Training: windows of consecutive positions; the drafter reads `x_q = embed(tok_q) + a_q` and
    `h_{q-1}` and learns the target's next token tok_{q+1} (cross-entropy through the tied head)
    and h_q itself (smooth-L1: its output is recycled as the next draft step's hidden state).
@@ -192,9 +192,10 @@ def init_drafter(model: VoxtralRealtime, tc: TrainConfig) -> EagleModel:
     return d
 
 
-def _config_key(target_dir: str, files: Sequence[str], tc: TrainConfig, audios: Sequence[np.ndarray]) -> str:
-    h = hashlib.sha256()
-    h.update(str(Path(target_dir).resolve()).encode())
+def _config_key(target: str, files: Sequence[str], tc: TrainConfig, audios: Sequence[np.ndarray]) -> str:
+    """Key of a cached teacher file: the target's fingerprint (not its folder, whose weights can change
+    under the same path), the files, the audio and the delays."""
+    h = hashlib.sha256(target.encode())
     for f in files:
         h.update(f.encode())
     for a in audios:
@@ -217,10 +218,13 @@ def target_fingerprint(model: VoxtralRealtime) -> str:
 
 
 def prepare_teacher(model: VoxtralRealtime, audios: Sequence[np.ndarray], out: Path, tc: TrainConfig, *,
-                    target_dir: str = "", files: Sequence[str] = (), fresh: bool = False) -> list[TeacherSequence]:
-    """The teacher data of `audios`, from `out/teacher.pt` when it was made from the same target, files
-    and delays, else labelled now and saved there (with the target's fingerprint, for --teacher-from)."""
-    key = _config_key(target_dir, files, tc, audios)
+                    files: Sequence[str] = (), fresh: bool = False, fingerprint: str | None = None
+                    ) -> list[TeacherSequence]:
+    """The teacher data of `audios`, from `out/teacher.pt` when it was made by the same target from the same
+    files and delays, else labelled now and saved there (with the target's fingerprint, for --teacher-from).
+    `fingerprint`: the model's `target_fingerprint`, when the caller has it already."""
+    fingerprint = fingerprint or target_fingerprint(model)
+    key = _config_key(fingerprint, files, tc, audios)
     tfile = out / TEACHER_FILE
     if tfile.exists() and not fresh:
         blob = torch.load(tfile, weights_only=False)
@@ -229,7 +233,7 @@ def prepare_teacher(model: VoxtralRealtime, audios: Sequence[np.ndarray], out: P
             return [TeacherSequence(**s) for s in blob["seqs"]]
     t0 = time.perf_counter()
     seqs = label_audio(model, audios, tc.delays_ms, store_device="cpu")
-    torch.save({"key": key, "seqs": [asdict(s) for s in seqs], "target": target_fingerprint(model),
+    torch.save({"key": key, "seqs": [asdict(s) for s in seqs], "target": fingerprint,
                 "delays_ms": sorted(tc.delays_ms)}, tfile)
     logger.info("teacher data: %.1f s", time.perf_counter() - t0)
     return seqs
@@ -349,7 +353,7 @@ class TrainResult:
 
 
 def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir: str | Path,
-                  tc: TrainConfig | None = None, *, target_dir: str = "", files: Sequence[str] = (),
+                  tc: TrainConfig | None = None, *, files: Sequence[str] = (),
                   fresh: bool = False, eval_audios: Sequence[np.ndarray] | None = None,
                   stop_after: int | None = None, max_minutes: float | None = None,
                   teacher: Sequence[TeacherSequence] | None = None) -> TrainResult:
@@ -366,10 +370,11 @@ def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir:
         p.requires_grad_(False)
 
     # ---- teacher data (cached) ----
+    fingerprint = target_fingerprint(model)
     if teacher is not None:
         seqs = list(teacher)
     else:
-        seqs = prepare_teacher(model, audios, out, tc, target_dir=target_dir, files=files, fresh=fresh)
+        seqs = prepare_teacher(model, audios, out, tc, files=files, fresh=fresh, fingerprint=fingerprint)
     seqs = [s for s in seqs if len(s.hidden) >= 1]
     if not seqs:
         raise ValueError("no training positions: the audio is too short")
@@ -392,6 +397,9 @@ def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir:
         if st["drafter_config"] != asdict(drafter.config) or st["arch"] != type(drafter).__name__:
             raise ValueError(f"{sfile} is for a different drafter ({st['arch']} {st['drafter_config']}): "
                              "use --fresh or another --out")
+        if st.get("target") != fingerprint:  # a drafter half-trained for other weights under the same path
+            raise ValueError(f"{sfile} was trained against another target (or before fingerprints were "
+                             "recorded): use --fresh or another --out")
         drafter.load_state_dict(st["drafter"])
         opt.load_state_dict(st["optimizer"])
         gen.set_state(st["generator"])
@@ -403,7 +411,8 @@ def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir:
         save_drafter(drafter, out)
         torch.save({"step": step, "drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
                     "generator": gen.get_state(), "history": history, "arch": type(drafter).__name__,
-                    "drafter_config": asdict(drafter.config), "train_config": asdict(tc)}, out / (STATE_FILE + ".tmp"))
+                    "drafter_config": asdict(drafter.config), "train_config": asdict(tc), "target": fingerprint},
+                   out / (STATE_FILE + ".tmp"))
         (out / (STATE_FILE + ".tmp")).replace(sfile)
 
     autocast = dev.type == "cuda"
@@ -554,13 +563,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.label_only:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
-            seqs = prepare_teacher(model, audios, out, tc, target_dir=args.target, files=files, fresh=args.fresh)
+            seqs = prepare_teacher(model, audios, out, tc, files=files, fresh=args.fresh)
             print(json.dumps({"teacher": str(out / TEACHER_FILE), "sequences": len(seqs),
                               "positions": sum(len(s.hidden) for s in seqs)}))
             return 0
         teacher = load_teachers(args.teacher_from, model, tc) if args.teacher_from is not None else None
         evals = [load_audio_file(f, rate) for f in audio_paths(args.eval_audio)] if args.eval_audio else None
-        res = train_drafter(model, audios, args.out, tc, target_dir=args.target, files=files, fresh=args.fresh,
+        res = train_drafter(model, audios, args.out, tc, files=files, fresh=args.fresh,
                             eval_audios=evals, max_minutes=args.max_minutes, teacher=teacher)
     except (AudioError, CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

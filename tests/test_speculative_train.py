@@ -11,7 +11,7 @@ from conftest import synthetic_audio
 
 from realtime.loader import load_model
 from speculative import EagleDrafter, load_drafter
-from speculative.train import STATE_FILE, TEACHER_FILE, TrainConfig, main, train_drafter
+from speculative.train import STATE_FILE, TEACHER_FILE, TrainConfig, main, target_fingerprint, train_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -126,3 +126,27 @@ def test_teacher_files_of_another_target_or_delay_are_refused(tiny_ckpt, tmp_pat
                 ["--teacher-from", str(tmp_path / "l"), "--label-only"] + evals):  # nothing to label
         with pytest.raises(SystemExit):
             main(base + ["--target", one, "--out", str(tmp_path / "x")] + bad)
+
+
+def test_new_weights_under_the_same_folder_are_labelled_again_and_not_resumed(tiny_ckpt, tmp_path, caplog, capsys):
+    """`models/default` changes weights under one path: the cached teacher of the old weights must not be
+    reused, nor a drafter half-trained for them resumed."""
+    import shutil
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_ckpt(seed=1), target)
+    clips = _clips(tmp_path / "c", [821])
+    args = ["--target", str(target), "--audio", clips, "--out", str(tmp_path / "d"), "--device", "cpu",
+            "--batch", "2", "--seq-len", "16", "--save-every", "100", "--eval-audio", clips]
+    assert main(args + ["--steps", "3"]) == 0
+    shutil.copytree(tiny_ckpt(seed=2), target, dirs_exist_ok=True)  # same folder, other weights
+    capsys.readouterr()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="speculative.train"):
+        assert main(args + ["--steps", "6"]) == 2
+    assert not any("reusing" in r.getMessage() for r in caplog.records)  # labelled again
+    assert "trained against another target" in capsys.readouterr().err
+    model, _ = load_model(target)
+    assert torch.load(tmp_path / "d" / TEACHER_FILE, weights_only=False)["target"] == target_fingerprint(model)
+    assert main(args + ["--steps", "6", "--fresh"]) == 0
+    assert torch.load(tmp_path / "d" / STATE_FILE, weights_only=False)["step"] == 6
