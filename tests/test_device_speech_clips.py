@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
@@ -18,7 +19,6 @@ from device_speech_clips import PlanItem, child_env, command, run_plan
 
 from realtime.train.text_corpus import Sentence, write_corpus
 
-sf = pytest.importorskip("soundfile")
 needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None and not os.environ.get("CI"),
                                   reason="espeak-ng is not installed (CI installs it)")
 
