@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on 2 GPUs (nvidia-h200-x2): does more distillation audio make a better drafter?
-#   benchmarks/gpu_drafter_more_data.sh OUT EVAL_DIR CARRY [CHUNKS] [STEPS] [CLIP_SECONDS] [MODE]
+#   benchmarks/gpu_drafter_more_data.sh OUT EVAL_DIR CARRY [CHUNKS] [STEPS] [CLIP_SECONDS] [MODE] [DROPOUT]
 # Why: the recipe's drafter (2.1 h of speech, 3,000 steps) is right on 99.8% of its training positions
 # but, on the CPU, 83% on new sentences of training voices and 67% on held-out voices
 # (benchmarks/drafter_accuracy.py): it learns its clips by heart.
@@ -15,12 +15,15 @@
 #    repeats, then batches 16 and 64 with the end-of-stream flush.
 # MODE `split` (for many hours) leaves `base` out: each GPU labels half of the chunks at once
 # (speculative.train --label-only), then `more` trains from both teacher files (--teacher-from) and is
-# benchmarked. With one GPU only `more` runs, labelled in one piece.
-# Back: OUT/results.tar (logs, reports, benchmark JSON) and OUT/{base,more}/drafter{.safetensors,_config.json}.
+# benchmarked. With one GPU only `more` runs, labelled in one piece. DROPOUT (split mode, 2 GPUs): the first
+# GPU, idle while `more` trains, trains `reg` at the same time from the same teacher files with
+# `--dropout DROPOUT` (the drafter memorises its clips), and both are benchmarked at once.
+# Back: OUT/results.tar (logs, reports, benchmark JSON) and OUT/{base,more,reg}/drafter{.safetensors,_config.json}.
 set -u
 out=${1:?out dir}; evals=${2:?held-out clips folder}; carry=${3:?carry with engines.tar.xz, corpus.tsv.gz, wheels}
-chunks=${4:-24}; steps=${5:-4500}; clip_s=${6:-60}; mode=${7:-compare}
+chunks=${4:-24}; steps=${5:-4500}; clip_s=${6:-60}; mode=${7:-compare}; dropout=${8:-}
 case $mode in compare|split) ;; *) echo "MODE must be compare or split, not $mode" >&2; exit 2;; esac
+if [ -n "$dropout" ] && [ "$mode" != split ]; then echo "DROPOUT needs MODE split" >&2; exit 2; fi
 t0=$(date +%s)
 since() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
@@ -77,7 +80,11 @@ if [ "$mode" = split ] && [ "$ngpu" -ge 2 ]; then
   wait
   since "labelled"
   grep -h -E "teacher:|rc=" "$out"/label_*.log
+  if [ -n "$dropout" ]; then
+    distil reg 0 "$steps" 300 4 --teacher-from /tmp/labels/part0 /tmp/labels/part1 --dropout "$dropout" &
+  fi
   distil more 1 "$steps" 300 4 --teacher-from /tmp/labels/part0 /tmp/labels/part1
+  wait
 else
   if [ "$ngpu" -ge 2 ]; then
     distil base 0 3000 220 9 --audio "${base_audio[@]}" &
@@ -88,16 +95,17 @@ fi
 since "distilled"
 grep -h -E "training files|teacher:|rc=" "$out"/distill_*.log
 if [ "$ngpu" -ge 2 ] && [ "$mode" = compare ]; then bench base 0 & fi
+if [ "$ngpu" -ge 2 ] && [ -n "$dropout" ]; then bench reg 0 & fi
 bench more $(( ngpu >= 2 ? 1 : 0 ))
 wait
 since "benchmarked"
 grep -h "offline batch" "$out"/b1_*.log "$out"/b16_64_*.log
-for name in base more; do
+for name in base more reg; do
   if [ -f "/tmp/drafters/$name/drafter.safetensors" ]; then
     mkdir -p "$out/$name"
     cp "/tmp/drafters/$name/drafter_config.json" "/tmp/drafters/$name/drafter.safetensors" "$out/$name/"
   fi
 done
 cp /tmp/dclips/clips_stats.json "$out/" 2>/dev/null
-(cd "$out" && tar cf results.tar --exclude results.tar --exclude base --exclude more ./* \
+(cd "$out" && tar cf results.tar --exclude results.tar --exclude base --exclude more --exclude reg ./* \
   && find . -maxdepth 1 -type f ! -name results.tar -delete)

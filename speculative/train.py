@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from realtime.attention import DenseAttention, SlidingWindowCache
 from realtime.audio import IncrementalLogMel, as_mono_float32
 from realtime.model import VoxtralRealtime
+from realtime.train.regularize import add_sublayer_dropout
 
 from .capability import drafter_receives_audio
 from .drafter import DrafterConfig, EagleDrafter, EagleModel, load_drafter, save_drafter
@@ -72,6 +73,7 @@ class TrainConfig:
     hidden_loss: float = 0.1  # weight of the smooth-L1 loss on the predicted hidden state
     layers: int = 1
     window: int = 512  # the drafter's attention window
+    dropout: float = 0.0  # residual dropout on the drafter's sublayers while training (it memorises its clips)
     text_only: bool = False  # train an EagleModel (no audio): the ablation of the multimodal drafter
     delays_ms: list[int] = field(default_factory=lambda: [480])
     save_every: int = 200
@@ -384,6 +386,8 @@ def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir:
 
     # ---- drafter, optimizer, resume ----
     drafter = init_drafter(model, tc).to(dev)
+    drop_gen = torch.Generator(device=dev).manual_seed(tc.seed + 1)  # its state is saved: resumes draw alike
+    add_sublayer_dropout(drafter.layers, tc.dropout, generator=drop_gen)  # identity in eval
     embed32 = model.language_model.embed_tokens.weight.detach().float()
     drafter.tie_to(embed32)
     use_audio = drafter_receives_audio(TeacherTarget(), drafter)
@@ -403,6 +407,8 @@ def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir:
         drafter.load_state_dict(st["drafter"])
         opt.load_state_dict(st["optimizer"])
         gen.set_state(st["generator"])
+        if "dropout_generator" in st:
+            drop_gen.set_state(st["dropout_generator"])
         step, history = st["step"], st["history"]
         logger.info("resuming from step %d (%s)", step, sfile)
     resumed_from = step
@@ -410,7 +416,7 @@ def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir:
     def save() -> None:
         save_drafter(drafter, out)
         torch.save({"step": step, "drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
-                    "generator": gen.get_state(), "history": history, "arch": type(drafter).__name__,
+                    "generator": gen.get_state(), "dropout_generator": drop_gen.get_state(), "history": history, "arch": type(drafter).__name__,
                     "drafter_config": asdict(drafter.config), "train_config": asdict(tc), "target": fingerprint},
                    out / (STATE_FILE + ".tmp"))
         (out / (STATE_FILE + ".tmp")).replace(sfile)
@@ -530,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unroll", type=int, default=TrainConfig.unroll)
     ap.add_argument("--layers", type=int, default=TrainConfig.layers)
     ap.add_argument("--window", type=int, default=TrainConfig.window)
+    ap.add_argument("--dropout", type=float, default=TrainConfig.dropout,
+                    help="residual dropout on the drafter's attention and MLP outputs while training")
     ap.add_argument("--text-only", action="store_true", help="train a text-only drafter (ablation)")
     ap.add_argument("--delays", type=int, nargs="+", default=[480], help="delays (ms) to label the audio at")
     ap.add_argument("--k", type=int, default=TrainConfig.eval_k, help="draft tokens in the engine measurement")
@@ -548,10 +556,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--label-only labels --audio")
     if args.teacher_from is not None and not args.eval_audio:
         ap.error("--teacher-from needs --eval-audio (there are no training clips to measure on)")
+    if not 0.0 <= args.dropout < 1.0:  # before labelling, which takes minutes
+        ap.error(f"--dropout must be in [0, 1), got {args.dropout}")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
     tc = TrainConfig(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, unroll=args.unroll,
-                     layers=args.layers, window=args.window, text_only=args.text_only, delays_ms=args.delays,
+                     layers=args.layers, window=args.window, dropout=args.dropout, text_only=args.text_only, delays_ms=args.delays,
                      save_every=args.save_every, log_every=args.log_every, seed=args.seed, eval_k=args.k)
     try:
         model, _ = load_model(args.target, device=args.device, dtype=dtype)

@@ -50,10 +50,13 @@ def test_cli_trains_resumes_and_the_drafter_is_accepted(tiny_ckpt, tmp_path, cap
     assert type(d) is EagleDrafter and d.config.sliding_window == 512
 
 
-def test_resumed_training_equals_uninterrupted(tiny_ckpt, tmp_path):
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_resumed_training_equals_uninterrupted(tiny_ckpt, tmp_path, dropout):
+    """Also with dropout: its masks come from a generator saved in the train state."""
     model, _ = load_model(tiny_ckpt(seed=1))
     clips = [synthetic_audio(2.0, seed=700 + i) for i in range(2)]
-    tc = TrainConfig(steps=16, batch=4, seq_len=32, lr=3e-3, unroll=2, save_every=100, log_every=100)
+    tc = TrainConfig(steps=16, batch=4, seq_len=32, lr=3e-3, unroll=2, save_every=100, log_every=100,
+                     dropout=dropout)
     straight = train_drafter(model, clips, tmp_path / "a", tc, eval_audios=[])
     cut = train_drafter(model, clips, tmp_path / "b", tc, eval_audios=[], stop_after=7)  # e.g. a job's time ran out
     assert cut.steps == 7 and cut.report == {}
@@ -65,6 +68,28 @@ def test_resumed_training_equals_uninterrupted(tiny_ckpt, tmp_path):
         assert ka == kb and torch.equal(va, vb), ka
     with pytest.raises(ValueError, match="different drafter"):
         train_drafter(model, clips, tmp_path / "b", TrainConfig(**{**tc.__dict__, "layers": 2}), eval_audios=[])
+
+
+def test_dropout_is_used_in_training_only_and_bad_rates_are_refused_before_labelling(tiny_ckpt, tmp_path, capsys):
+    model, _ = load_model(tiny_ckpt(seed=1))
+    clips = [synthetic_audio(2.0, seed=700 + i) for i in range(2)]
+    tc = TrainConfig(steps=6, batch=4, seq_len=32, lr=3e-3, unroll=2, save_every=100, log_every=100)
+    plain = train_drafter(model, clips, tmp_path / "plain", tc, eval_audios=clips[:1])
+    drop = train_drafter(model, clips, tmp_path / "drop", TrainConfig(**{**tc.__dict__, "dropout": 0.3}),
+                         eval_audios=clips[:1])
+    # same start, same batches; the branches start at zero (init_drafter), so the first losses agree and
+    # only the dropout makes the later ones differ
+    assert drop.history[0]["loss"] == plain.history[0]["loss"]
+    assert all(d["loss"] != p["loss"] for d, p in zip(drop.history[1:], plain.history[1:]))
+    assert drop.report["480"]["identical_outputs"] == "1/1"  # the saved drafter is a plain one
+    assert json.loads(json.dumps(torch.load(tmp_path / "drop" / STATE_FILE, weights_only=False)
+                                 ["train_config"]))["dropout"] == 0.3
+    for bad in ("1.0", "-0.1", "nan"):
+        with pytest.raises(SystemExit):
+            main(["--target", str(tiny_ckpt(seed=1)), "--audio", str(tmp_path / "nowhere"), "--out",
+                  str(tmp_path / "bad"), "--device", "cpu", "--dropout", bad])
+        assert "--dropout must be in [0, 1)" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
 
 
 def _clips(folder, seeds):

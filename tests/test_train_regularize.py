@@ -118,3 +118,45 @@ def test_gpu_run_refuses_a_bad_rate_before_it_starts(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="dropout"):
             main(["run", "--carry", str(tmp_path / "no_carry"), "--out", str(out), "--dropout", bad])
         assert not out.exists()
+
+
+def test_drafter_layers_drop_from_their_own_generator() -> None:
+    """`add_sublayer_dropout` on the Eagle drafter's layers (speculative.train --dropout): with a generator
+    the masks come from it (same seed, same masks; the global generator plays no part), at the rate asked,
+    and eval mode is the identity."""
+    from realtime.attention import DenseAttention
+    from realtime.train.regularize import add_sublayer_dropout
+    from speculative import DrafterConfig, EagleDrafter
+
+    target = random_model(tiny_config(), seed=0)
+    drafter = EagleDrafter(DrafterConfig.for_target(target.config)).tie_to(
+        target.language_model.embed_tokens.weight)
+    h = drafter.config.hidden_size
+    g = torch.Generator().manual_seed(3)
+    x, hid = torch.randn(2, 40, h, generator=g), torch.randn(2, 40, h, generator=g)
+    pos = torch.arange(40).expand(2, 40)
+    cond = drafter.t_cond(torch.tensor([6, 6]))
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            return drafter(x, hid, pos, cond[:, None], DenseAttention(pos, drafter.config.sliding_window))
+
+    drafter.eval()
+    plain = run()
+    seen: list[torch.Tensor] = []
+    gen = torch.Generator().manual_seed(11)
+    handles = add_sublayer_dropout(drafter.layers, 0.3, generator=gen)
+    assert len(handles) == 2 * len(drafter.layers)
+    for layer in drafter.layers:
+        layer.mlp.register_forward_hook(lambda _m, _i, out: seen.append(out.detach()))
+    assert torch.equal(run(), plain)  # eval: identity
+    drafter.train()
+    torch.manual_seed(0)
+    first = run()
+    gen.manual_seed(11)
+    torch.manual_seed(99)  # another global state: the masks do not follow it
+    assert torch.equal(run(), first)
+    assert not torch.allclose(first, plain, atol=1e-3)
+    out = torch.cat([o.flatten() for o in seen[-len(drafter.layers):]])
+    zero = (out == 0).float().mean().item()
+    assert abs(zero - 0.3) < 5 * math.sqrt(0.3 * 0.7 / out.numel()) + 1e-3
