@@ -1,7 +1,7 @@
 """Distil an Eagle drafter from a target checkpoint on audio.
 
     python -m speculative.train --target DIR --audio FILES... --out DIR --steps N
-        [--device cuda --dtype bf16] [--delays 480 ...] [--k 4] [--layers 1] [--window 512] ...
+        [--device cuda --dtype bf16] [--delays 480 ...] [--k 4] [--layers 1] [--window 512] [--dropout P] ...
 
 1. Teacher data: the target transcribes every file (greedy, through the batched offline engine) at
    each delay; a teacher-forced pass over its own greedy tokens (chunked, sliding-window caches)
@@ -12,7 +12,8 @@
    and h_q itself (smooth-L1: its output is recycled as the next draft step's hidden state).
    `--unroll U` also trains depths 2..U, where h_{q-1} is replaced by the drafter's own previous
    output, as at draft steps after the first (Eagle-3's training-time test, simplified: the keys
-   of earlier positions come from the same depth).
+   of earlier positions come from the same depth). `--dropout P` drops the drafter's attention and MLP
+   outputs while it trains (it learns its clips by heart otherwise); the masks' generator is saved too.
    `--label-only` stops after this step; `--teacher-from DIR...` trains from the `teacher.pt` of other
    runs instead of labelling `--audio` (e.g. halves labelled at once on two GPUs), after checking that
    each was labelled by this target at these delays.
@@ -416,7 +417,8 @@ def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir:
     def save() -> None:
         save_drafter(drafter, out)
         torch.save({"step": step, "drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
-                    "generator": gen.get_state(), "dropout_generator": drop_gen.get_state(), "history": history, "arch": type(drafter).__name__,
+                    "generator": gen.get_state(), "dropout_generator": drop_gen.get_state(), "history": history,
+                    "arch": type(drafter).__name__,
                     "drafter_config": asdict(drafter.config), "train_config": asdict(tc), "target": fingerprint},
                    out / (STATE_FILE + ".tmp"))
         (out / (STATE_FILE + ".tmp")).replace(sfile)
@@ -561,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
     tc = TrainConfig(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, unroll=args.unroll,
-                     layers=args.layers, window=args.window, dropout=args.dropout, text_only=args.text_only, delays_ms=args.delays,
+                     layers=args.layers, window=args.window, dropout=args.dropout, text_only=args.text_only,
+                     delays_ms=args.delays,
                      save_every=args.save_every, log_every=args.log_every, seed=args.seed, eval_k=args.k)
     try:
         model, _ = load_model(args.target, device=args.device, dtype=dtype)

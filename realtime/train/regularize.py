@@ -1,4 +1,5 @@
-"""Training-only dropout on the residual branches of a `VoxtralRealtime` (imports torch only).
+"""Training-only dropout on the residual branches of a `VoxtralRealtime` (imports torch only); the
+same hooks regularise the Eagle drafter's layers (`speculative.train --dropout`).
 
 Why: the model fits its ~37 training speakers and stops generalising to new ones within 500-1000
 steps of a continuation (the held-out validation loss turns up while the training loss still falls;
