@@ -18,12 +18,21 @@
 # benchmarked. With one GPU only `more` runs, labelled in one piece. DROPOUT (split mode, 2 GPUs): the first
 # GPU, idle while `more` trains, trains `reg` at the same time from the same teacher files with
 # `--dropout DROPOUT` (the drafter memorises its clips), and both are benchmarked at once.
-# Back: OUT/results.tar (logs, reports, benchmark JSON) and OUT/{base,more,reg}/drafter{.safetensors,_config.json}.
+# MODE `parallel` (2 GPUs) labels as `split`, then trains two ParallelEagleDrafters at once (all drafts of
+# a round in one drafter pass; speculative.train --parallel): `par` (1 layer) on GPU 0 and `par2` (2 layers:
+# a layer costs one pass per round here, not one per draft) on GPU 1, both with unroll PAR_K (env, default 6)
+# and `--dropout DROPOUT` (default 0.1), and benchmarks both at once at k = PAR_K. With REF_DRAFTER (env: a
+# drafter folder, e.g. the shipped one) that drafter's batch-1 run follows on each GPU, at k = 4: the
+# same-call reference, since plain decoding's speed moves between calls. With one GPU only `par` runs
+# (labelled in one piece), then the reference.
+# PAR_MINUTES (env, default 4): training minutes of each parallel drafter.
+# Back: OUT/results.tar (logs, reports, benchmark JSON) and OUT/{base,more,reg,par,par2}/drafter{.safetensors,_config.json}.
 set -u
 out=${1:?out dir}; evals=${2:?held-out clips folder}; carry=${3:?carry with engines.tar.xz, corpus.tsv.gz, wheels}
 chunks=${4:-24}; steps=${5:-4500}; clip_s=${6:-60}; mode=${7:-compare}; dropout=${8:-}
-case $mode in compare|split) ;; *) echo "MODE must be compare or split, not $mode" >&2; exit 2;; esac
-if [ -n "$dropout" ] && [ "$mode" != split ]; then echo "DROPOUT needs MODE split" >&2; exit 2; fi
+case $mode in compare|split|parallel) ;; *) echo "MODE must be compare, split or parallel, not $mode" >&2; exit 2;; esac
+if [ -n "$dropout" ] && [ "$mode" = compare ]; then echo "DROPOUT needs MODE split or parallel" >&2; exit 2; fi
+[ "$mode" = parallel ] && dropout=${dropout:-0.1}
 t0=$(date +%s)
 since() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
@@ -50,9 +59,10 @@ for i in $(seq 1 "$chunks"); do
 done
 distil() {  # name gpu steps limit training-minutes source-arguments (--audio DIRS... or --teacher-from DIRS...)
   local name=$1 gpu=$2 n=$3 limit=$4 minutes=$5; shift 5
-  CUDA_VISIBLE_DEVICES=$gpu timeout "$limit" python3 -m speculative.train --target models/default "$@" \
+  # the source arguments come last: they may override the recipe's --unroll 4 (argparse keeps the last)
+  CUDA_VISIBLE_DEVICES=$gpu timeout "$limit" python3 -m speculative.train --target models/default \
     --eval-audio "$evals" --out "/tmp/drafters/$name" --delays 480 --unroll 4 --steps "$n" \
-    --max-minutes "$minutes" --log-every 500 > "$out/distill_$name.log" 2>&1
+    --max-minutes "$minutes" --log-every 500 "$@" > "$out/distill_$name.log" 2>&1
   echo "$name rc=$?" >> "$out/distill_$name.log"
   [ -f "/tmp/drafters/$name/train_report.json" ] && cp "/tmp/drafters/$name/train_report.json" "$out/report_$name.json"
 }
@@ -62,29 +72,40 @@ label() {  # name gpu limit folders...: one part's teacher file, for --teacher-f
     --out "/tmp/labels/$name" --delays 480 --label-only > "$out/label_$name.log" 2>&1
   echo "$name rc=$?" >> "$out/label_$name.log"
 }
-bench() {  # name gpu
-  local name=$1 gpu=$2 d="/tmp/drafters/$1"
+bench() {  # name gpu [k] [drafter dir] [b1]: batch 1 (3 repeats), then batches 16 and 64 unless b1
+  local name=$1 gpu=$2 k=${3:-4} d=${4:-/tmp/drafters/$1} only=${5:-}
   [ -f "$d/drafter.safetensors" ] || return 0
   CUDA_VISIBLE_DEVICES=$gpu timeout 100 python3 benchmarks/bench_speculative.py --target models/default --drafter "$d" \
-    --audio "$evals"/* --clip-seconds 45 --batches 1 --k 4 --dtype bf16 --repeats 3 --skip-flush \
+    --audio "$evals"/* --clip-seconds 45 --batches 1 --k "$k" --dtype bf16 --repeats 3 --skip-flush \
     --out "$out/b1_$name.json" > "$out/b1_$name.log" 2>&1
+  [ "$only" = b1 ] && return 0
   CUDA_VISIBLE_DEVICES=$gpu timeout 80 python3 benchmarks/bench_speculative.py --target models/default --drafter "$d" \
-    --audio "$evals"/* --clip-seconds 45 --flush-clip-seconds 10 --batches 16 64 --k 4 --dtype bf16 \
+    --audio "$evals"/* --clip-seconds 45 --flush-clip-seconds 10 --batches 16 64 --k "$k" --dtype bf16 \
     --out "$out/b16_64_$name.json" > "$out/b16_64_$name.log" 2>&1
 }
 since "distilling"
-if [ "$mode" = split ] && [ "$ngpu" -ge 2 ]; then
+if [ "$mode" != compare ] && [ "$ngpu" -ge 2 ]; then
   half=$(( ${#all_audio[@]} / 2 ))
   label part0 0 200 "${all_audio[@]:0:half}" &
   label part1 1 200 "${all_audio[@]:half}"
   wait
   since "labelled"
   grep -h -E "teacher:|rc=" "$out"/label_*.log
-  if [ -n "$dropout" ]; then
-    distil reg 0 "$steps" 300 4 --teacher-from /tmp/labels/part0 /tmp/labels/part1 --dropout "$dropout" &
+  if [ "$mode" = parallel ]; then
+    distil par 0 "$steps" 300 "${PAR_MINUTES:-4}" --teacher-from /tmp/labels/part0 /tmp/labels/part1 \
+      --dropout "$dropout" --parallel --unroll "${PAR_K:-6}" --k "${PAR_K:-6}" &
+    distil par2 1 "$steps" 300 "${PAR_MINUTES:-4}" --teacher-from /tmp/labels/part0 /tmp/labels/part1 \
+      --dropout "$dropout" --parallel --layers 2 --unroll "${PAR_K:-6}" --k "${PAR_K:-6}"
+  else
+    if [ -n "$dropout" ]; then
+      distil reg 0 "$steps" 300 4 --teacher-from /tmp/labels/part0 /tmp/labels/part1 --dropout "$dropout" &
+    fi
+    distil more 1 "$steps" 300 4 --teacher-from /tmp/labels/part0 /tmp/labels/part1
   fi
-  distil more 1 "$steps" 300 4 --teacher-from /tmp/labels/part0 /tmp/labels/part1
   wait
+elif [ "$mode" = parallel ]; then
+  distil par 0 "$steps" 330 "${PAR_MINUTES:-4}" --audio "${all_audio[@]}" --dropout "$dropout" --parallel \
+    --unroll "${PAR_K:-6}" --k "${PAR_K:-6}"
 else
   if [ "$ngpu" -ge 2 ]; then
     distil base 0 3000 220 9 --audio "${base_audio[@]}" &
@@ -95,17 +116,31 @@ fi
 since "distilled"
 grep -h -E "training files|teacher:|rc=" "$out"/distill_*.log
 if [ "$ngpu" -ge 2 ] && [ "$mode" = compare ]; then bench base 0 & fi
-if [ "$ngpu" -ge 2 ] && [ -n "$dropout" ]; then bench reg 0 & fi
-bench more $(( ngpu >= 2 ? 1 : 0 ))
+if [ "$mode" = parallel ] && [ "$ngpu" -lt 2 ]; then
+  bench par 0 "${PAR_K:-6}"
+  [ -n "${REF_DRAFTER:-}" ] && bench ref_g0 0 4 "$REF_DRAFTER" b1
+elif [ "$mode" = parallel ]; then
+  bench par 0 "${PAR_K:-6}" &
+  bench par2 1 "${PAR_K:-6}"
+  wait
+  if [ -n "${REF_DRAFTER:-}" ]; then
+    bench ref_g0 0 4 "$REF_DRAFTER" b1 &
+    bench ref_g1 1 4 "$REF_DRAFTER" b1
+  fi
+elif [ "$ngpu" -ge 2 ] && [ -n "$dropout" ]; then
+  bench reg 0 &
+fi
+[ "$mode" = parallel ] || bench more $(( ngpu >= 2 ? 1 : 0 ))
 wait
 since "benchmarked"
 grep -h "offline batch" "$out"/b1_*.log "$out"/b16_64_*.log
-for name in base more reg; do
+for name in base more reg par par2; do
   if [ -f "/tmp/drafters/$name/drafter.safetensors" ]; then
     mkdir -p "$out/$name"
     cp "/tmp/drafters/$name/drafter_config.json" "/tmp/drafters/$name/drafter.safetensors" "$out/$name/"
   fi
 done
 cp /tmp/dclips/clips_stats.json "$out/" 2>/dev/null
-(cd "$out" && tar cf results.tar --exclude results.tar --exclude base --exclude more --exclude reg ./* \
+(cd "$out" && tar cf results.tar --exclude results.tar --exclude base --exclude more --exclude reg \
+  --exclude par --exclude par2 ./* \
   && find . -maxdepth 1 -type f ! -name results.tar -delete)

@@ -5,10 +5,12 @@ end-of-stream flush, offline files) advances faster than one token per step; the
 (`realtime.engine.speculation`) verifies the proposals with the target model, losslessly.
 
 Files:
-- `capability`: the `SupportsMultiModalEmbeddings` protocol, its `TypeIs` guard, the target-side
-  flag, and the load-time decision whether a drafter receives audio embeddings.
+- `capability`: the `SupportsMultiModalEmbeddings` and `SupportsParallelDrafting` protocols, their
+  `TypeIs` guards, the target-side flag, and the load-time decision whether a drafter receives audio
+  embeddings.
 - `drafter`: the Eagle drafter network (fc over [fused input embedding; target hidden], decoder
-  layer(s), tied embedding/head borrowed from the target) and its checkpoint format.
+  layer(s), tied embedding/head borrowed from the target), its one-pass variant
+  (`ParallelEagleDrafter`) and the checkpoint format.
 - `train`: distillation of a drafter from a target checkpoint on audio (CLI).
 
 Imports allowed: torch, safetensors, numpy, typing_extensions and the model-level parts of
@@ -19,20 +21,32 @@ Imports allowed: torch, safetensors, numpy, typing_extensions and the model-leve
 
 from .capability import (
     SupportsMultiModalEmbeddings,
+    SupportsParallelDrafting,
     drafter_receives_audio,
     produces_multimodal_embeddings,
     supports_multimodal_embeddings,
+    supports_parallel_drafting,
 )
-from .drafter import DrafterConfig, EagleDrafter, EagleModel, load_drafter, save_drafter
+from .drafter import (
+    DrafterConfig,
+    EagleDrafter,
+    EagleModel,
+    ParallelEagleDrafter,
+    load_drafter,
+    save_drafter,
+)
 
 __all__ = [
     "DrafterConfig",
     "EagleDrafter",
     "EagleModel",
+    "ParallelEagleDrafter",
     "SupportsMultiModalEmbeddings",
+    "SupportsParallelDrafting",
     "drafter_receives_audio",
     "load_drafter",
     "produces_multimodal_embeddings",
     "save_drafter",
     "supports_multimodal_embeddings",
+    "supports_parallel_drafting",
 ]

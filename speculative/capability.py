@@ -44,6 +44,19 @@ def supports_multimodal_embeddings(model: object) -> TypeIs[SupportsMultiModalEm
     return getattr(type(model), "supports_multimodal_embeddings", False) is True
 
 
+class SupportsParallelDrafting(Protocol):
+    """A drafter that drafts all positions of a round in one pass: the rows after the first carry
+    `mask_token_id` in place of their (not yet drafted) token, plus their own audio embedding."""
+
+    supports_parallel_drafting: ClassVar[Literal[True]] = True
+    mask_token_id: int
+
+
+def supports_parallel_drafting(model: object) -> TypeIs[SupportsParallelDrafting]:
+    """True only if the drafter's class declares parallel drafting (the flag is exactly True)."""
+    return getattr(type(model), "supports_parallel_drafting", False) is True
+
+
 def produces_multimodal_embeddings(target: object) -> bool:
     """True if the target declares that it produces one multimodal embedding per LM position."""
     return getattr(type(target), "produces_multimodal_embeddings", False) is True

@@ -5,6 +5,7 @@ At LM position q the target reads `x_q = embed(token_q) + audio_q` and its final
 layer(s) (same block as the target's, delay conditioning included) and a final norm, giving
 `g_q`, its estimate of `h_q`; the target's LM head turns `g_q` into the draft of token q+1. The
 next draft step (position q+1) has no target hidden state yet, so it reads `g_q` in its place.
+`ParallelEagleDrafter` drafts the positions after the first in the same pass instead (see there).
 
 `x_q` includes the audio embedding of position q itself at *every* draft step (the look-ahead
 that public Eagle implementations drop after the first step). A drafter without the declared
@@ -23,6 +24,7 @@ import json
 import logging
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +42,7 @@ from realtime.model import (
     rope_inv_freq,
 )
 
-from .capability import SupportsMultiModalEmbeddings
+from .capability import SupportsMultiModalEmbeddings, SupportsParallelDrafting
 
 logger = logging.getLogger(__name__)
 
@@ -164,13 +166,17 @@ class EagleModel(nn.Module):
     def embed_input_ids(self, input_ids: torch.Tensor, multimodal_embeddings: torch.Tensor | None = None, *,
                         is_multimodal: torch.Tensor | None = None) -> torch.Tensor:
         """The one place where the drafter merges token and audio embeddings (see the protocol)."""
-        emb = F.embedding(input_ids.clamp(min=0), self.embed_weight)
+        emb = self._token_embeddings(input_ids)
         if multimodal_embeddings is None:
             return emb
         if is_multimodal is None:
             return emb + multimodal_embeddings
         # where(), not a product: rows without audio may hold anything (stale ring rows)
         return torch.where(is_multimodal[..., None], emb + multimodal_embeddings, emb)
+
+    def _token_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # ids < 0 are padding rows (their output is never read)
+        return F.embedding(input_ids.clamp(0, self.config.vocab_size - 1), self.embed_weight)
 
     def t_cond(self, delay_tokens: torch.Tensor) -> torch.Tensor:
         return delay_embedding(delay_tokens, self.delay_inv_freq, self.dtype)
@@ -194,7 +200,39 @@ class EagleDrafter(EagleModel, SupportsMultiModalEmbeddings):
     embedding of its own position at every draft step (when the target produces them)."""
 
 
-ARCHITECTURES: dict[str, type[EagleModel]] = {"EagleDrafter": EagleDrafter, "EagleModel": EagleModel}
+class ParallelEagleDrafter(EagleDrafter, SupportsParallelDrafting):
+    """A multimodal drafter that drafts all k tokens of a round in ONE pass (declares
+    `supports_parallel_drafting`).
+
+    The audio of every draft position is already buffered when a stream drafts, so the positions
+    p+1 .. p+k-1 need not wait for the drafts before them: each reads a learned mask embedding in
+    place of its unknown token, plus its own audio embedding, and zeros in place of the target
+    hidden state. These rows run in the same pass as the catch-up rows (whose last row, position p,
+    drafts token p+1), under causal attention, and each row's head output is the next draft. A
+    round then costs one drafter pass instead of k dependent ones: at batch 1 a drafter pass is
+    launch-bound, so this is most of the drafting time (`speculative.train --parallel` trains it).
+
+    `mask_token_id` (= vocab_size, one past the vocabulary) marks those rows in `embed_input_ids`,
+    which stays the one place where token, mask and audio embeddings are merged."""
+
+    supports_parallel_drafting: ClassVar[Literal[True]] = True
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__(config)
+        self.mask_embedding = nn.Parameter(torch.zeros(config.hidden_size))
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.vocab_size
+
+    def _token_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
+        emb = super()._token_embeddings(input_ids)
+        is_mask = (input_ids == self.mask_token_id)[..., None]
+        return torch.where(is_mask, self.mask_embedding.to(emb.dtype), emb)
+
+
+ARCHITECTURES: dict[str, type[EagleModel]] = {"EagleDrafter": EagleDrafter, "EagleModel": EagleModel,
+                                              "ParallelEagleDrafter": ParallelEagleDrafter}
 
 
 def save_drafter(drafter: EagleModel, out_dir: str | Path) -> Path:

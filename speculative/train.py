@@ -14,6 +14,10 @@
    output, as at draft steps after the first (Eagle-3's training-time test, simplified: the keys
    of earlier positions come from the same depth). `--dropout P` drops the drafter's attention and MLP
    outputs while it trains (it learns its clips by heart otherwise); the masks' generator is saved too.
+   `--parallel` trains a `ParallelEagleDrafter` instead: every position q of a window is also an
+   anchor with U-1 draft rows at q+1 .. q+U-1 (mask token + that position's audio, zero hidden state)
+   that attend to the real rows up to q and to the anchor's earlier draft rows, exactly the rows
+   of one engine pass; draft row j learns tok_{q+j+1} (depth j+1).
    `--label-only` stops after this step; `--teacher-from DIR...` trains from the `teacher.pt` of other
    runs instead of labelling `--audio` (e.g. halves labelled at once on two GPUs), after checking that
    each was labelled by this target at these delays.
@@ -31,6 +35,7 @@ checkpoints. `train_drafter()` is the Python entry point (tests pass synthetic a
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
@@ -46,13 +51,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from realtime.attention import DenseAttention, SlidingWindowCache
+from realtime.attention import DenseAttention, SlidingWindowCache, masked_attention
 from realtime.audio import IncrementalLogMel, as_mono_float32
 from realtime.model import VoxtralRealtime
 from realtime.train.regularize import add_sublayer_dropout
 
-from .capability import drafter_receives_audio
-from .drafter import DrafterConfig, EagleDrafter, EagleModel, load_drafter, save_drafter
+from .capability import drafter_receives_audio, supports_parallel_drafting
+from .drafter import DrafterConfig, EagleDrafter, EagleModel, ParallelEagleDrafter, load_drafter, save_drafter
 
 logger = logging.getLogger("speculative.train")
 
@@ -76,6 +81,7 @@ class TrainConfig:
     window: int = 512  # the drafter's attention window
     dropout: float = 0.0  # residual dropout on the drafter's sublayers while training (it memorises its clips)
     text_only: bool = False  # train an EagleModel (no audio): the ablation of the multimodal drafter
+    parallel: bool = False  # train a ParallelEagleDrafter (all `unroll` depths drafted in one pass)
     delays_ms: list[int] = field(default_factory=lambda: [480])
     save_every: int = 200
     log_every: int = 20
@@ -180,7 +186,9 @@ def init_drafter(model: VoxtralRealtime, tc: TrainConfig) -> EagleModel:
     layers copied from the target's last layer with their residual branches zeroed, the target's
     final norm. Training then only has to learn corrections."""
     cfg = DrafterConfig.for_target(model.config, num_layers=tc.layers, sliding_window=tc.window)
-    cls = EagleModel if tc.text_only else EagleDrafter
+    if tc.text_only and tc.parallel:
+        raise ValueError("a parallel drafter needs the audio of its draft positions: not with text_only")
+    cls = EagleModel if tc.text_only else ParallelEagleDrafter if tc.parallel else EagleDrafter
     d = cls(cfg)
     h = cfg.hidden_size
     with torch.no_grad():
@@ -312,8 +320,71 @@ def _sample_batch(seqs: list[TeacherSequence], tc: TrainConfig, gen: torch.Gener
             "delay": torch.tensor(delay, device=dev)}
 
 
+class _RowMaskAttention:
+    """Dense attention under an explicit [1, R, R] mask (the parallel drafter's training rows)."""
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        self.mask = mask
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return masked_attention(q, k, v, self.mask)
+
+
+@functools.lru_cache(maxsize=8)
+def parallel_row_layout(length: int, depths: int, window: int | None, device: torch.device | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of a parallel-drafting window of `length` consecutive positions: the real rows 0..L-1, then
+    for each depth j = 1..U-1 one draft row per anchor i, at window index i + j. Returns (src [R]: the
+    window index whose audio, targets and position the row takes; depth [R]; mask [1, R, R]: a real row
+    sees real rows causally, a draft row (i, j) sees real rows up to its anchor i and the draft rows of
+    the same anchor up to depth j, all within the window), as one engine pass lays them out. Cached per
+    shape and device: building the [R, R] mask costs more host time than a training step's kernels."""
+    i = torch.arange(length).repeat(depths)
+    depth = torch.arange(depths).repeat_interleave(length)
+    src = i + depth  # may run past the window: those rows are gathered clamped and masked out of the loss
+    real_q, real_k = depth[:, None] == 0, depth[None, :] == 0
+    qpos, anchor_k = src[:, None], i[None, :]
+    sees_real = real_k & (anchor_k <= i[:, None])
+    if window is not None:
+        sees_real &= qpos - anchor_k < window
+    same_anchor_draft = ~real_k & ~real_q & (i[:, None] == anchor_k) & (depth[None, :] <= depth[:, None])
+    return src.to(device), depth.to(device), (sees_real | same_anchor_draft)[None].to(device)
+
+
+def _parallel_train_step(drafter: EagleModel, batch: dict[str, torch.Tensor], tc: TrainConfig, use_audio: bool,
+                         autocast: bool) -> tuple[torch.Tensor, list[float], float]:
+    dev = batch["pos"].device
+    length, depths = batch["pos"].shape[1], tc.unroll
+    src, depth, allowed = parallel_row_layout(length, depths, drafter.config.sliding_window, dev)
+    idx = src.clamp(max=length - 1)
+    draft = depth > 0
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
+        tok_in = torch.where(draft, drafter.mask_token_id, batch["tok_in"][:, idx])  # type: ignore[attr-defined]
+        x = drafter.embed_input_ids(tok_in, batch["audio"][:, idx].to(drafter.dtype) if use_audio else None)
+        hid_in = torch.where(draft[None, :, None], 0.0, batch["hid_prev"][:, idx]).to(drafter.dtype)
+        pos = batch["pos"][:, idx]
+        t_cond = drafter.t_cond(batch["delay"])[:, None, :]
+        g = drafter(x, hid_in, pos, t_cond, _RowMaskAttention(allowed))
+        logits = drafter.logits(g).float()
+        tok_tgt = batch["tok_tgt"][:, idx]
+        # a draft row counts where its anchor and its own position are generated positions of the window
+        mask = batch["mask"][:, idx] & batch["mask"][:, src - depth] & (src < length)[None]
+        ce = F.cross_entropy(logits.flatten(0, 1), tok_tgt.flatten(), reduction="none").view(mask.shape)
+        reg = F.smooth_l1_loss(g.float(), batch["hid_tgt"][:, idx].float(), reduction="none").mean(-1)
+        w = tc.depth_decay ** depth.float()
+        # rows come in blocks of `length` per depth: per-depth sums without boolean indexing (no host syncs)
+        per_depth = mask.sum(0).view(depths, length).sum(-1)
+        loss = ((ce + tc.hidden_loss * reg) * w * mask).sum() / per_depth[0].clamp(min=1)
+        with torch.no_grad():
+            hit = ((logits.argmax(-1) == tok_tgt) & mask).sum(0).view(depths, length).sum(-1)
+            accs = (hit / per_depth.clamp(min=1)).tolist()
+    return loss, accs, float(per_depth.sum())
+
+
 def _train_step(drafter: EagleModel, batch: dict[str, torch.Tensor], tc: TrainConfig, use_audio: bool,
                 autocast: bool) -> tuple[torch.Tensor, list[float], float]:
+    if supports_parallel_drafting(drafter):
+        return _parallel_train_step(drafter, batch, tc, use_audio, autocast)
     dev = batch["pos"].device
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
         x = drafter.embed_input_ids(batch["tok_in"], batch["audio"].to(drafter.dtype) if use_audio else None)
@@ -536,11 +607,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=TrainConfig.seq_len)
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
     ap.add_argument("--unroll", type=int, default=TrainConfig.unroll)
+    ap.add_argument("--depth-decay", type=float, default=TrainConfig.depth_decay,
+                    help="loss weight of depth d is DEPTH_DECAY ** d (d = 0: the first draft)")
     ap.add_argument("--layers", type=int, default=TrainConfig.layers)
     ap.add_argument("--window", type=int, default=TrainConfig.window)
     ap.add_argument("--dropout", type=float, default=TrainConfig.dropout,
                     help="residual dropout on the drafter's attention and MLP outputs while training")
     ap.add_argument("--text-only", action="store_true", help="train a text-only drafter (ablation)")
+    ap.add_argument("--parallel", action="store_true",
+                    help="train a ParallelEagleDrafter: all --unroll depths drafted in one pass (mask rows)")
     ap.add_argument("--delays", type=int, nargs="+", default=[480], help="delays (ms) to label the audio at")
     ap.add_argument("--k", type=int, default=TrainConfig.eval_k, help="draft tokens in the engine measurement")
     ap.add_argument("--save-every", type=int, default=TrainConfig.save_every)
@@ -560,10 +635,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--teacher-from needs --eval-audio (there are no training clips to measure on)")
     if not 0.0 <= args.dropout < 1.0:  # before labelling, which takes minutes
         ap.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    if not 0.0 < args.depth_decay <= 1.0:
+        ap.error(f"--depth-decay must be in (0, 1], got {args.depth_decay}")
+    if args.parallel and args.text_only:
+        ap.error("--parallel drafts from the audio of the draft positions: not with --text-only")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
     tc = TrainConfig(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, unroll=args.unroll,
+                     depth_decay=args.depth_decay,
                      layers=args.layers, window=args.window, dropout=args.dropout, text_only=args.text_only,
+                     parallel=args.parallel,
                      delays_ms=args.delays,
                      save_every=args.save_every, log_every=args.log_every, seed=args.seed, eval_k=args.k)
     try:

@@ -5,6 +5,7 @@ oracle) or to the batched engine without speculation, token by token; joins are 
 what an eager prefill of the prompt gave the drafter. Drafters:
 - `trained`: distilled (briefly) from the tiny target on some clips; on those clips it is mostly
   right, on unseen clips mostly wrong, so acceptance is strictly between 0 and 1.
+- `trained_parallel`: the same, as a `ParallelEagleDrafter` (all drafts of a round in one pass).
 - `echo`: constructed so that its prediction depends only on its own position's fused input
   `embed(token) + audio`: fc = [I, 0], layers with zero residual branches, the target's final
   norm. Against a target whose layers are also zeroed it is exactly the target, so acceptance is
@@ -37,11 +38,13 @@ from speculative import (
     DrafterConfig,
     EagleDrafter,
     EagleModel,
+    ParallelEagleDrafter,
     SupportsMultiModalEmbeddings,
     drafter_receives_audio,
     load_drafter,
     save_drafter,
     supports_multimodal_embeddings,
+    supports_parallel_drafting,
 )
 from speculative.train import TrainConfig, teacher_forced, train_drafter
 
@@ -67,6 +70,24 @@ def trained(target, tmp_path_factory):
         train_drafter(model, SEEN, out, TrainConfig(steps=60, batch=8, seq_len=64, lr=3e-3, unroll=2,
                                                     log_every=1000), eval_audios=[])
     return load_drafter(out, target_embedding=model.language_model.embed_tokens.weight)
+
+
+@pytest.fixture(scope="module")
+def trained_parallel(target, tmp_path_factory):
+    model, _ = target
+    out = tmp_path_factory.mktemp("parallel_drafter")
+    with single_thread():
+        train_drafter(model, SEEN, out, TrainConfig(steps=60, batch=8, seq_len=64, lr=3e-3, unroll=4, parallel=True,
+                                                    log_every=1000), eval_audios=[])
+    d = load_drafter(out, target_embedding=model.language_model.embed_tokens.weight)
+    assert type(d) is ParallelEagleDrafter
+    return d
+
+
+@pytest.fixture(params=["chained", "parallel"])
+def drafter_kind(request):
+    """Each lossless scenario runs with the chained drafter and with the one-pass parallel drafter."""
+    return request.getfixturevalue("trained" if request.param == "chained" else "trained_parallel")
 
 
 _refs: dict[tuple, list[int]] = {}
@@ -270,16 +291,16 @@ SCHEDULES = {
 
 
 @pytest.mark.parametrize("mode", sorted(SCHEDULES))
-def test_lossless_per_mode(target, trained, mode):
+def test_lossless_per_mode(target, drafter_kind, mode):
     """Two streams (audio the drafter was trained on, and unseen audio) in one engine."""
     model, tok = target
     rng = np.random.default_rng(1)
     clips = [SEEN[1], UNSEEN[1]]
-    _, st = run_scenario(model, tok, trained, clips, [SCHEDULES[mode](c, rng) for c in clips])
+    _, st = run_scenario(model, tok, drafter_kind, clips, [SCHEDULES[mode](c, rng) for c in clips])
     assert_partial_acceptance(st)
 
 
-def test_live_catchup_flush_and_whole_streams_together(target, trained):
+def test_live_catchup_flush_and_whole_streams_together(target, drafter_kind):
     """One engine, four streams with different delays in mixed batches: live, catch-up, flush and
     one pushed whole; once closed, every KV ring is back in the pool."""
     model, tok = target
@@ -287,17 +308,17 @@ def test_live_catchup_flush_and_whole_streams_together(target, trained):
     clips = [SEEN[0], UNSEEN[0], SEEN[2], UNSEEN[2]]
     schedules = [SCHEDULES["live"](clips[0], rng), SCHEDULES["catch-up"](clips[1], rng),
                  SCHEDULES["flush"](clips[2], rng), [clips[3].size]]
-    eng, st = run_scenario(model, tok, trained, clips, schedules, delays=[480, 160, 480, 1200])
+    eng, st = run_scenario(model, tok, drafter_kind, clips, schedules, delays=[480, 160, 480, 1200])
     assert_partial_acceptance(st)
     assert eng.runner.lm_cache.pool.free == eng.runner.lm_cache.pool.num_blocks  # closed: every ring returned
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])
-def test_offline_batch_equals_sessions(target, trained, k):
+def test_offline_batch_equals_sessions(target, drafter_kind, k):
     model, tok = target
     clips = [SEEN[2], UNSEEN[2], SEEN[0][:9000], UNSEEN[0][:700]]
     run = transcribe_batch(model, tok, clips, opts=RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False),
-                           speculative=SpeculativeConfig(trained, num_speculative_tokens=k))
+                           speculative=SpeculativeConfig(drafter_kind, num_speculative_tokens=k))
     for clip, res in zip(clips, run.results):
         assert res.token_ids == reference(model, tok, clip)
     assert_partial_acceptance(run.stats)
@@ -308,14 +329,16 @@ def test_offline_batch_equals_sessions(target, trained, k):
         assert run.steps < plain.steps  # accepted drafts save steps
 
 
-def test_small_windows_rings_with_speculation(tiny_ckpt):
+@pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter])
+def test_small_windows_rings_with_speculation(tiny_ckpt, cls):
     """Encoder window 8, LM window 6, drafter window 6, block size 4: every ring wraps many times
-    while verify steps write (and roll back) several positions per stream."""
+    while verify steps write (and roll back) several positions per stream (a parallel drafter's
+    pass writes up to 2k positions per stream: its ring is sized for them)."""
     path = tiny_ckpt(seed=1, small_windows=True)
     base, _ = load_model(path)
     tok = load_tokenizer(path)
     model = scaled_target(base, 0.03)
-    drafter = echo_drafter(model, window=6)
+    drafter = echo_drafter(model, cls=cls, window=6)
     clips = [synthetic_audio(6.0, seed=400), synthetic_audio(4.0, seed=401)]
     opts = RunnerOptions(max_streams=2, max_batch=2, block_size=4, cuda_graphs=False)
     _, st = run_scenario(model, tok, drafter, clips, [[3000] * 100, ([0] * 6 + [12000]) * 20], k=5, opts=opts)
@@ -494,15 +517,20 @@ def test_offline_cli_with_drafter(target, tiny_ckpt, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 # Each draft step reads the audio embedding of its own position
 # ---------------------------------------------------------------------------------------------
+def _shift_audio_gather(monkeypatch, shift: int) -> None:
+    """Makes the drafter's look-ahead gather read the audio `shift` positions away (a planted bug)."""
+    orig = Speculator._gather_audio
+
+    def shifted(self, rows):
+        c = self.C
+        return orig(self, (rows // c) * c + (rows % c + shift) % c)
+
+    monkeypatch.setattr(Speculator, "_gather_audio", shifted)
+
+
 def _echo_run(model, tok, drafter, monkeypatch=None, shift: int = 0):
     if shift:
-        orig = Speculator._gather_audio
-
-        def shifted(self, rows):
-            c = self.C
-            return orig(self, (rows // c) * c + (rows % c + shift) % c)
-
-        monkeypatch.setattr(Speculator, "_gather_audio", shifted)
+        _shift_audio_gather(monkeypatch, shift)
     clips = [UNSEEN[0], SEEN[1]]
     run = transcribe_batch(model, tok, clips, opts=RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False),
                            speculative=SpeculativeConfig(drafter, num_speculative_tokens=4))
@@ -524,6 +552,58 @@ def test_draft_steps_get_their_own_audio(target, monkeypatch):
         with monkeypatch.context() as mp:
             st = _echo_run(model, tok, echo_drafter(model), mp, shift)
         assert st.spec_acceptance_rate < 0.3, shift
+
+
+class ParallelSpy(ParallelEagleDrafter):
+    """Records, for each drafter pass, the input ids, audio rows, hidden rows and positions."""
+
+    passes: list
+
+    def embed_input_ids(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):
+        self._last = (input_ids.clone(), None if multimodal_embeddings is None else multimodal_embeddings.clone())
+        return super().embed_input_ids(input_ids, multimodal_embeddings, is_multimodal=is_multimodal)
+
+    def forward(self, inputs_embeds, hidden, positions, t_cond, backend):
+        self.passes.append((*self._last, hidden[0].clone(), positions[0].clone()))
+        return super().forward(inputs_embeds, hidden, positions, t_cond, backend)
+
+
+def _parallel_rows_audio_errors(model, tok, monkeypatch=None, shift: int = 0) -> tuple[int, float, int]:
+    """Runs one stream offline with a spying parallel drafter. Returns (draft rows seen, largest
+    difference between a draft row's audio and the target's audio embedding at that row's position,
+    draft rows whose hidden input was not zeros)."""
+    if shift:
+        _shift_audio_gather(monkeypatch, shift)
+    clip = UNSEEN[1]
+    d = ParallelSpy(DrafterConfig.for_target(model.config)).eval().tie_to(model.language_model.embed_tokens.weight)
+    d.passes = []
+    run = transcribe_batch(model, tok, [clip], opts=RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=False),
+                           speculative=SpeculativeConfig(d, num_speculative_tokens=4))
+    assert run.results[0].token_ids == reference(model, tok, clip)
+    delay = model.config.delay_tokens()
+    tokens = model.config.prompt_ids(delay) + run.results[0].token_ids
+    audio, _ = teacher_forced(model, clip, tokens, delay)  # the target's audio embedding of every position
+    rows, worst, nonzero_hidden = 0, 0.0, 0
+    for ids, mm, hid, pos in d.passes:
+        is_draft = ids == d.mask_token_id
+        for r in torch.nonzero(is_draft).flatten().tolist():
+            rows += 1
+            worst = max(worst, float((mm[r] - audio[int(pos[r])]).abs().max()))
+            nonzero_hidden += int(bool(hid[r].any()))
+    return rows, worst, nonzero_hidden
+
+
+def test_parallel_draft_rows_get_their_own_audio_and_no_hidden_state(target, monkeypatch):
+    """Each parallel draft row (mask token) at position q reads the audio embedding of q itself
+    (the target's, as a teacher-forced pass computes it) and zeros for the target hidden state;
+    the same check flags a look-ahead gather that is off by one either way."""
+    model, tok = target
+    rows, worst, nonzero_hidden = _parallel_rows_audio_errors(model, tok)
+    assert rows > 50 and worst < 1e-4 and nonzero_hidden == 0
+    for shift in (1, -1):
+        with monkeypatch.context() as mp:
+            _, worst, _ = _parallel_rows_audio_errors(model, tok, mp, shift)
+        assert worst > 1e-2, shift
 
 
 # ---------------------------------------------------------------------------------------------
@@ -580,18 +660,51 @@ def test_drafter_checkpoint_roundtrip_and_strictness(target, tmp_path):
     # a text-only drafter keeps its (undeclared) class through a save/load
     save_drafter(EagleModel(d.config), tmp_path / "text")
     assert type(load_drafter(tmp_path / "text")) is EagleModel
+    # a parallel drafter keeps its class and its mask embedding; a chained checkpoint misses that tensor
+    par = ParallelEagleDrafter(d.config)
+    with torch.no_grad():
+        par.mask_embedding.normal_()
+    save_drafter(par, tmp_path / "par")
+    back = load_drafter(tmp_path / "par", target_embedding=emb)
+    assert type(back) is ParallelEagleDrafter and torch.equal(back.mask_embedding, par.mask_embedding)
+    with pytest.raises(CheckpointError, match=r"missing tensors \(1\): mask_embedding"):
+        load_drafter(broken("to_par", edit_config=lambda m: m.update(architecture="ParallelEagleDrafter")))
+
+
+class TruthyParallel(EagleDrafter):
+    supports_parallel_drafting = 1  # not the literal True
+
+
+def test_parallel_drafting_is_declared_not_probed(target):
+    cfg = DrafterConfig.for_target(target[0].config)
+    assert supports_parallel_drafting(ParallelEagleDrafter(cfg))
+    assert not supports_parallel_drafting(EagleDrafter(cfg))
+    assert not supports_parallel_drafting(TruthyParallel(cfg))
+    d = ParallelEagleDrafter(cfg).tie_to(target[0].language_model.embed_tokens.weight)
+    with torch.no_grad():
+        d.mask_embedding.fill_(0.5)
+    ids = torch.tensor([3, d.mask_token_id, -1])
+    audio = torch.randn(3, cfg.hidden_size)
+    x = d.embed_input_ids(ids, audio)
+    assert d.mask_token_id == cfg.vocab_size
+    torch.testing.assert_close(x[1], torch.full((cfg.hidden_size,), 0.5) + audio[1])  # mask + its own audio
+    torch.testing.assert_close(x[0], d.embed_weight[3] + audio[0])
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter])
 @pytest.mark.parametrize("small_windows", [False, True])
-def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows):
+def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows, cls):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     path = tiny_ckpt(seed=1, small_windows=small_windows)
     model, _ = load_model(path, device="cuda")
     tok = load_tokenizer(path)
     model = scaled_target(model, 0.03)
-    drafter = echo_drafter(model, window=6 if small_windows else None)
+    drafter = echo_drafter(model, cls=cls, window=6 if small_windows else None)
+    if cls is ParallelEagleDrafter:  # a mask embedding that is not zero, so that graphs must gather it right
+        with torch.no_grad():
+            drafter.mask_embedding.normal_(0.0, 0.02, generator=torch.Generator("cuda").manual_seed(0))
     clips = [synthetic_audio(3.0 + i, seed=500 + i) for i in range(5)]
     outs = {}
     for graphs in (False, True):

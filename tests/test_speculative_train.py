@@ -10,7 +10,7 @@ import torch
 from conftest import synthetic_audio
 
 from realtime.loader import load_model
-from speculative import EagleDrafter, load_drafter
+from speculative import DrafterConfig, EagleDrafter, ParallelEagleDrafter, load_drafter
 from speculative.train import STATE_FILE, TEACHER_FILE, TrainConfig, main, target_fingerprint, train_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -175,3 +175,65 @@ def test_new_weights_under_the_same_folder_are_labelled_again_and_not_resumed(ti
     assert torch.load(tmp_path / "d" / TEACHER_FILE, weights_only=False)["target"] == target_fingerprint(model)
     assert main(args + ["--steps", "6", "--fresh"]) == 0
     assert torch.load(tmp_path / "d" / STATE_FILE, weights_only=False)["step"] == 6
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_parallel_training_rows_see_what_one_engine_pass_shows_them(tiny_ckpt, tmp_path, window):
+    """The training layout (real rows + U-1 mask rows per anchor under one mask) gives every draft row
+    the output it gets in the engine, where anchor i's pass holds the real rows up to i and its own
+    mask rows after it, attending causally within the drafter's window."""
+    from realtime.attention import DenseAttention
+    from speculative.train import _RowMaskAttention, parallel_row_layout
+
+    model, _ = load_model(tiny_ckpt(seed=1))
+    cfg = DrafterConfig.for_target(model.config, num_layers=2, sliding_window=window)
+    d = ParallelEagleDrafter(cfg).eval().tie_to(model.language_model.embed_tokens.weight)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.ndim == 1 else 0.0))
+    length, depths, h = 12, 4, cfg.hidden_size
+    tok = torch.randint(0, cfg.vocab_size, (length,), generator=g)
+    audio, hid = torch.randn(length, h, generator=g), torch.randn(length, h, generator=g)
+    pos = torch.arange(length) + 40
+    t_cond = d.t_cond(torch.tensor([6]))[:, None, :]
+    src, depth, allowed = parallel_row_layout(length, depths, window)
+    idx = src.clamp(max=length - 1)
+    ids = torch.where(depth > 0, d.mask_token_id, tok[idx])
+    with torch.no_grad():
+        x = d.embed_input_ids(ids, audio[idx])
+        out = d(x[None], torch.where((depth > 0)[:, None], 0.0, hid[idx])[None], pos[idx][None], t_cond,
+                _RowMaskAttention(allowed))[0]
+        checked = 0
+        for anchor in range(length):
+            n_draft = min(depths - 1, length - 1 - anchor)
+            q = torch.arange(anchor + 1 + n_draft)  # one engine pass: real rows 0..anchor, then mask rows
+            is_draft = q > anchor
+            xs = d.embed_input_ids(torch.where(is_draft, d.mask_token_id, tok[q]), audio[q])
+            hs = torch.where(is_draft[:, None], 0.0, hid[q])
+            ref = d(xs[None], hs[None], pos[q][None], t_cond, DenseAttention(pos[q][None], window))[0]
+            for j in range(n_draft + 1):
+                row = j * length + anchor  # depth j's row of this anchor (j = 0: the real row)
+                torch.testing.assert_close(out[row], ref[anchor + j], rtol=1e-4, atol=1e-4)
+                checked += 1
+    assert checked == sum(min(depths, length - a) for a in range(length))
+    with pytest.raises(ValueError, match="text_only"):
+        train_drafter(model, [synthetic_audio(1.0, seed=1)], tmp_path / "never",
+                      TrainConfig(steps=1, parallel=True, text_only=True), eval_audios=[])
+
+
+def test_cli_trains_a_parallel_drafter_and_refuses_it_text_only(tiny_ckpt, tmp_path, capsys):
+    audio = _clips(tmp_path / "audio", [900, 901])
+    out = tmp_path / "par"
+    rc = main(["--target", str(tiny_ckpt(seed=1)), "--audio", audio, "--out", str(out), "--device", "cpu",
+               "--steps", "6", "--batch", "4", "--seq-len", "32", "--unroll", "3", "--parallel", "--k", "3",
+               "--log-every", "100"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["480"]["identical_outputs"] == "2/2" and len(report["480"]["per_position_acceptance"]) == 3
+    assert type(load_drafter(out)) is ParallelEagleDrafter
+    with pytest.raises(SystemExit):
+        main(["--target", str(tiny_ckpt(seed=1)), "--audio", audio, "--out", str(tmp_path / "bad"),
+              "--device", "cpu", "--parallel", "--text-only"])
+    assert "not with --text-only" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

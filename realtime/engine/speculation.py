@@ -16,7 +16,10 @@ Every decode step of every scheduled stream goes through `Speculator.step`:
    states of the positions accepted last step (kept in `stash`), whether or not the stream drafts
    now; its last row proposes token p+1.
 3. Draft chain: k_s - 1 more single-position drafter steps; step j reads the audio embedding of
-   its own position p+j (never past the audio received: k_s <= decodable tokens - 1).
+   its own position p+j (never past the audio received: k_s <= decodable tokens - 1). A drafter
+   that declares `supports_parallel_drafting` has no chain: its catch-up pass also runs rows at
+   positions p+1 .. p+k_s-1 (mask token + their own audio + zeros for the target hidden state),
+   and the head of every row from p on gives the k_s drafts (one drafter pass per round).
 4. Verify: the target runs positions p .. p+k_s of every stream in one flattened batch (live
    streams: 1 row; catching-up streams: k_s + 1 rows) and its greedy argmax decides.
 5. `accept` (host): accepted prefix of the drafts + the target's token after it (the bonus).
@@ -25,7 +28,8 @@ Why rollback is free: KV entries the target or the drafter wrote at rejected pos
 read: a query at position q reads keys at positions <= q, and every position >= the new
 `lm_pos` is rewritten by the next step before any query at or beyond it runs (the verify/draft
 step writes its keys before attending). The rings are sized for `max_step_tokens` >= k + 1
-queries per step, so a rejected write never lands on a slot a later query still needs.
+queries per step (the drafter's for its pass: 2k rows per stream when it drafts in parallel), so a
+rejected write never lands on a slot a later query still needs.
 
 Lossless: the emitted tokens are the target's own greedy argmaxes at positions whose inputs are
 all target-chosen tokens, so they equal non-speculative decoding (up to floating-point
@@ -54,7 +58,10 @@ import numpy as np
 import torch
 
 from kernels.gather_add import gather_add_embeddings
-from speculative.capability import drafter_receives_audio  # the capability contract (torch-only module)
+from speculative.capability import (  # the capability contract (torch-only module)
+    drafter_receives_audio,
+    supports_parallel_drafting,
+)
 
 from ..model import VoxtralRealtime
 from .attention import PagedAttention
@@ -194,8 +201,11 @@ class Speculator:
         dev, dt = self.device, self.dtype = runner.device, runner.dtype
 
         dc = d.config
+        # parallel drafting: a stream's catch-up pass holds up to k+1 accepted positions and k-1 draft rows
+        self.parallel = supports_parallel_drafting(d)
+        rows_per_stream = 2 * k if self.parallel else k + 1
         spec = CacheSpec(dc.num_layers, dc.num_kv_heads, dc.head_dim, opts.block_size, dc.sliding_window,
-                         max_q_len=k + 1)
+                         max_q_len=rows_per_stream)
         width = spec.blocks_per_stream(runner.max_tokens)
         self.d_cache = PagedKVCache(spec, opts.max_streams * width, opts.max_streams, runner.max_tokens, dev, dt)
         for slot in range(opts.max_streams):  # a fixed ring per slot: nothing to admit or release
@@ -208,18 +218,24 @@ class Speculator:
 
         b, h = opts.max_batch, lm.hidden_size
         r = self.max_rows = b * (k + 1)
+        rc = self.max_catchup_rows = b * rows_per_stream
         kc = max(k - 1, 1)  # chain steps (a 1-row placeholder when k == 1)
         self.pad_audio = runner.pad_slot * self.C
         self.pad_stash = runner.pad_slot * (k + 1)
+        self.zero_stash = (opts.max_streams + 1) * (k + 1)  # a stash row never written: parallel draft rows read it
         i64, i32 = torch.int64, torch.int32
         fields = {
-            # catch-up step (ragged rows: positions prev+1 .. p of every stream)
-            "c_tok": Field((r,), i64, -1), "c_hid": Field((r,), i64, self.pad_stash),
-            "c_slot_mapping": Field((r,), i64, -1), "c_pos": Field((r,), i32, -1), "c_dly": Field((r,), i32, 0),
-            "c_seq": Field((r,), i32, 0), "d_tables": Field((b, width), i32, 0),
-            # draft chain (one row per drafting stream, steps 1..k-1)
-            "c_last": Field((b,), i64, 0), "dr_pos": Field((kc, b), i32, -1),
-            "dr_slot_mapping": Field((kc, b), i64, -1), "dr_dly": Field((b,), i32, 0),
+            # catch-up step (ragged rows: positions prev+1 .. p of every stream, then its parallel draft rows)
+            "c_tok": Field((rc,), i64, -1), "c_hid": Field((rc,), i64, self.pad_stash),
+            "c_slot_mapping": Field((rc,), i64, -1), "c_pos": Field((rc,), i32, -1), "c_dly": Field((rc,), i32, 0),
+            "c_seq": Field((rc,), i32, 0), "d_tables": Field((b, width), i32, 0),
+            # the catch-up row of position p per drafting stream (its first draft; parallel: the first of k)
+            "c_last": Field((b,), i64, 0),
+        }
+        if not self.parallel:  # draft chain (one row per drafting stream, steps 1..k-1)
+            fields |= {"dr_pos": Field((kc, b), i32, -1), "dr_slot_mapping": Field((kc, b), i64, -1),
+                       "dr_dly": Field((b,), i32, 0)}
+        fields |= {
             # verify step (ragged rows: positions p .. p+k_s of every stream)
             "v_tok": Field((r,), i64, -1), "v_src": Field((r,), i64, -1), "v_aud": Field((r,), i64, -1),
             "v_slot_mapping": Field((r,), i64, -1), "v_stash": Field((r,), i64, self.pad_stash),
@@ -227,13 +243,15 @@ class Speculator:
             "v_tables": Field((b, runner.lm_cache.width), i32, 0),
         }
         if self.drafter_audio:  # audio rows for the drafter exist only if it receives audio
-            fields["c_aud"] = Field((r,), i64, self.pad_audio)
-            fields["dr_aud"] = Field((kc, b), i64, self.pad_audio)
+            fields["c_aud"] = Field((rc,), i64, self.pad_audio)
+            if not self.parallel:
+                fields["dr_aud"] = Field((kc, b), i64, self.pad_audio)
         self.meta = StepMetadata(fields, dev)
         self.m = self.meta.dev
         # device-side state and outputs (fixed addresses)
-        self.stash = torch.zeros((opts.max_streams + 1) * (k + 1), h, device=dev, dtype=dt)  # target hiddens
-        self.g_c = torch.zeros(r, h, device=dev, dtype=dt)  # catch-up drafter outputs
+        self.stash = torch.zeros(self.zero_stash + 1, h, device=dev, dtype=dt)  # target hiddens (+ the zero row)
+        self.g_c = torch.zeros(rc, h, device=dev, dtype=dt)  # catch-up drafter outputs
+        self.draft_offsets = torch.arange(k, device=dev)
         self.drafts = torch.zeros(b, k, dtype=i64, device=dev)
         self.dr_seq = torch.arange(b, dtype=i32, device=dev)
         # the step's output, one buffer so that one copy brings it to the host: the target's argmax per
@@ -267,6 +285,10 @@ class Speculator:
 
     def _chain_forward(self, s: int) -> None:
         d, m = self.drafter, self.m
+        if self.parallel:  # the drafts are the heads of the catch-up rows p .. p+k-1 (rows past k_s: unused)
+            rows = (m["c_last"][:s, None] + self.draft_offsets).clamp(max=self.max_catchup_rows - 1)
+            self.drafts[:s] = d.logits(self.g_c[rows]).argmax(-1)
+            return
         g = self.g_c.index_select(0, m["c_last"][:s])
         self.drafts[:s, 0] = d.logits(g).argmax(-1)
         t_cond = d.t_cond(m["dr_dly"][:s])[None]
@@ -300,7 +322,7 @@ class Speculator:
 
     def _capture(self) -> None:
         b, dev = self.runner.opts.max_batch, self.device
-        self.g_catchup = DecodeGraphRunner(self._catchup_forward, self.max_rows, dev)
+        self.g_catchup = DecodeGraphRunner(self._catchup_forward, self.max_catchup_rows, dev)
         self.g_catchup.capture()
         self.g_chain = DecodeGraphRunner(self._chain_forward, b, dev)  # also holds the first draft's head
         self.g_chain.capture()
@@ -410,18 +432,14 @@ class Speculator:
             h["d_tables"][i] = self.d_cache.tables_host[slot]
             h["v_tables"][i] = self.runner.lm_cache.tables_host[slot]
             # catch-up: positions prev+1 .. p, each reading h_{q-1} from the stash (rows 0 .. p-prev-1)
-            q = np.arange(prev + 1, p + 1)
-            sl = slice(c, c + len(q))
-            h["c_tok"][sl] = s.tokens[prev + 1: p + 1]
-            h["c_hid"][sl] = slot * kp1 + np.arange(len(q))
-            h["c_slot_mapping"][sl] = self.d_cache.host_slots(slot, q)
-            h["c_pos"][sl] = q
-            h["c_dly"][sl] = s.delay_tokens
-            h["c_seq"][sl] = i
-            if self.drafter_audio:
-                h["c_aud"][sl] = slot * C + q % C
-            c += len(q)
-            if ks:
+            c = self._catchup_rows(h, c, i, s, np.arange(prev + 1, p + 1), s.tokens[prev + 1: p + 1],
+                                   slot * kp1 + np.arange(p - prev))
+            if ks and self.parallel:
+                # row p drafts token p+1; rows p+1 .. p+ks-1 (mask token, own audio, zero hidden) the rest
+                h["c_last"][i] = c - 1
+                c = self._catchup_rows(h, c, i, s, np.arange(p + 1, p + ks), self.drafter.mask_token_id,
+                                       self.zero_stash)
+            elif ks:
                 # chain step j drafts token p+j+1 at position p+j, reading that position's own audio
                 h["c_last"][i] = c - 1
                 h["dr_dly"][i] = s.delay_tokens
@@ -447,6 +465,21 @@ class Speculator:
         plan.rows = v
         self.meta.upload()
         return plan, c, n_draft
+
+    def _catchup_rows(self, h: dict[str, np.ndarray], c: int, i: int, s: EngineStream, q: np.ndarray,
+                      tokens: np.ndarray | int, hidden_rows: np.ndarray | int) -> int:
+        """Lays out drafter rows at positions `q` of stream `s` (the i-th of the step) from catch-up row
+        `c` on, reading `tokens` and the stash rows `hidden_rows`; returns the next free row."""
+        sl = slice(c, c + len(q))
+        h["c_tok"][sl] = tokens
+        h["c_hid"][sl] = hidden_rows
+        h["c_slot_mapping"][sl] = self.d_cache.host_slots(s.slot, q)
+        h["c_pos"][sl] = q
+        h["c_dly"][sl] = s.delay_tokens
+        h["c_seq"][sl] = i
+        if self.drafter_audio:
+            h["c_aud"][sl] = s.slot * self.C + q % self.C
+        return c + len(q)
 
     def _run(self, plan: _Plan, t0: int, n_draft: int) -> None:
         """Catch-up, chain and verify on the device (graph replays when captured)."""
