@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
+import pytest
 from test_server_common import (  # noqa: F401  (fixtures)
     MODEL,
     ckpt,
@@ -17,16 +17,19 @@ from test_server_robustness import http_get
 from test_speculative import echo_drafter
 
 from realtime.model_store import load_model_and_tokenizer
-from speculative.drafter import save_drafter
+from speculative.drafter import EagleDrafter, ParallelEagleDrafter, save_drafter
 from stream_server.engine_factory import build_engine
 
 
-async def test_vllm_utterances_with_a_drafter(ckpt, tmp_path, start_server, reference):
+@pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter])
+async def test_vllm_utterances_with_a_drafter(ckpt, tmp_path, start_server, reference, cls):
+    """A chained and a parallel drafter (`--drafter DIR`, its class from its checkpoint), k = 6."""
     path = ckpt
     model, _ = load_model_and_tokenizer(path)
-    save_drafter(echo_drafter(model), tmp_path / "drafter")
+    save_drafter(echo_drafter(model, cls=cls), tmp_path / "drafter")
     eng = build_engine("batched", str(path), model_name=MODEL, max_streams=8, drafter=str(tmp_path / "drafter"),
-                       num_speculative_tokens=3)
+                       num_speculative_tokens=6)
+    assert eng.speculator.parallel is (cls is ParallelEagleDrafter)
     eng.start()
     try:
         srv = start_server(engine_override=eng)

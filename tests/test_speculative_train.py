@@ -237,3 +237,58 @@ def test_cli_trains_a_parallel_drafter_and_refuses_it_text_only(tiny_ckpt, tmp_p
               "--device", "cpu", "--parallel", "--text-only"])
     assert "not with --text-only" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_parallel_training_loss_is_the_loss_of_engine_passes(tiny_ckpt):
+    """`_parallel_train_step`'s loss and accuracies, recomputed anchor by anchor from explicit engine passes:
+    the anchor's real rows (real tokens, audio and previous hidden states), then mask rows (mask token,
+    their own audio, zero hidden), each row's loss against the next token and hidden state of its own
+    position, weighted by depth_decay ** depth, counted only where anchor and row are generated positions."""
+    import torch.nn.functional as F
+
+    from realtime.attention import DenseAttention
+    from speculative.train import _train_step
+
+    model, _ = load_model(tiny_ckpt(seed=1))
+    cfg = DrafterConfig.for_target(model.config, sliding_window=6)
+    d = ParallelEagleDrafter(cfg).eval().tie_to(model.language_model.embed_tokens.weight)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.ndim == 1 else 0.0))
+    b, length, depths, h, v = 2, 10, 3, cfg.hidden_size, cfg.vocab_size
+    batch = {"tok_in": torch.randint(0, v, (b, length), generator=g), "audio": torch.randn(b, length, h, generator=g),
+             "hid_prev": torch.randn(b, length, h, generator=g), "hid_tgt": torch.randn(b, length, h, generator=g),
+             "tok_tgt": torch.randint(0, v, (b, length), generator=g),
+             "pos": torch.arange(length)[None].repeat(b, 1) + torch.tensor([[3], [20]]),
+             "mask": torch.ones(b, length, dtype=torch.bool), "delay": torch.tensor([6, 2])}
+    batch["mask"][0, :2] = False  # prompt positions
+    batch["mask"][1, 8:] = False  # a short sequence's padded tail
+    tc = TrainConfig(unroll=depths, parallel=True, depth_decay=0.7, hidden_loss=0.3)
+    with torch.no_grad():
+        loss, accs, _ = _train_step(d, batch, tc, True, False)
+        total, n_first = torch.zeros(()), 0
+        hits, counts = [0] * depths, [0] * depths
+        for s in range(b):
+            t_cond = d.t_cond(batch["delay"][s: s + 1])[:, None, :]
+            for anchor in range(length):
+                n_draft = min(depths - 1, length - 1 - anchor)
+                q = torch.arange(anchor + 1 + n_draft)
+                is_draft = q > anchor
+                x = d.embed_input_ids(torch.where(is_draft, d.mask_token_id, batch["tok_in"][s, q]), batch["audio"][s, q])
+                hid = torch.where(is_draft[:, None], 0.0, batch["hid_prev"][s, q])
+                pos = batch["pos"][s, q][None]
+                out = d(x[None], hid[None], pos, t_cond, DenseAttention(pos, cfg.sliding_window))[0]
+                for j in range(n_draft + 1):
+                    r = anchor + j
+                    if not (batch["mask"][s, anchor] and batch["mask"][s, r]):
+                        continue
+                    logits = d.logits(out[r])
+                    ce = F.cross_entropy(logits[None], batch["tok_tgt"][s, r][None])
+                    reg = F.smooth_l1_loss(out[r], batch["hid_tgt"][s, r])
+                    total += tc.depth_decay ** j * (ce + tc.hidden_loss * reg)
+                    n_first += j == 0
+                    hits[j] += int(logits.argmax() == batch["tok_tgt"][s, r])
+                    counts[j] += 1
+    torch.testing.assert_close(loss, total / n_first, rtol=1e-4, atol=1e-5)
+    assert accs == pytest.approx([hi / c for hi, c in zip(hits, counts)])
