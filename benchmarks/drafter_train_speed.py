@@ -28,7 +28,7 @@ from speculative.train import TrainConfig, _train_step
 log = logging.getLogger("drafter_train_speed")
 
 
-def random_batch(batch: int, seq_len: int, hidden: int, vocab: int, dev: torch.device) -> dict[str, torch.Tensor]:
+def random_batch(batch: int, seq_len: int, hidden: int, vocab: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return {"tok_in": torch.randint(0, vocab, (batch, seq_len), generator=g),
             "audio": torch.randn(batch, seq_len, hidden, generator=g),
@@ -47,8 +47,7 @@ def time_mode(parallel: bool, args: argparse.Namespace, dev: torch.device) -> di
     d = (ParallelEagleDrafter if parallel else EagleDrafter)(dc).to(dev).tie_to(emb)
     opt = torch.optim.AdamW(d.parameters(), lr=1e-4)
     tc = TrainConfig(unroll=args.unroll, parallel=parallel)
-    batch = {k: v.to(dev) for k, v in random_batch(args.batch, args.seq_len, dc.hidden_size, dc.vocab_size,
-                                                    dev).items()}
+    batch = {k: v.to(dev) for k, v in random_batch(args.batch, args.seq_len, dc.hidden_size, dc.vocab_size).items()}
     autocast = dev.type == "cuda"
 
     def step() -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Drafters against each other in one device call (bf16, k = 4, the target models/default):
+# Drafters against each other in one device call (bf16, k = 4 unless NAME=DIR@K, the target models/default):
 #   benchmarks/gpu_drafter_ab.sh OUT EVAL_DIR WHEELS_DIR NAME=DRAFTER_DIR[@K]...
 # Why: a speed-up is a ratio to plain decoding in the same run, but plain decoding's speed moves by
 # ~10% from call to call (another host), so drafters are compared inside one call. Each GPU takes

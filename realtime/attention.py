@@ -35,6 +35,13 @@ class DenseAttention:
     def __init__(self, positions: torch.Tensor, window: int | None) -> None:
         self.mask = window_mask(positions, positions, window)
 
+    @classmethod
+    def with_mask(cls, mask: torch.Tensor) -> DenseAttention:
+        """Attention under an explicit boolean [B or 1, Tq, Tk] mask (rows that are not one causal sequence)."""
+        self = cls.__new__(cls)
+        self.mask = mask
+        return self
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return masked_attention(q, k, v, self.mask)
 

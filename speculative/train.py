@@ -51,7 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from realtime.attention import DenseAttention, SlidingWindowCache, masked_attention
+from realtime.attention import DenseAttention, SlidingWindowCache
 from realtime.audio import IncrementalLogMel, as_mono_float32
 from realtime.model import VoxtralRealtime
 from realtime.train.regularize import add_sublayer_dropout
@@ -320,16 +320,6 @@ def _sample_batch(seqs: list[TeacherSequence], tc: TrainConfig, gen: torch.Gener
             "delay": torch.tensor(delay, device=dev)}
 
 
-class _RowMaskAttention:
-    """Dense attention under an explicit [1, R, R] mask (the parallel drafter's training rows)."""
-
-    def __init__(self, mask: torch.Tensor) -> None:
-        self.mask = mask
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return masked_attention(q, k, v, self.mask)
-
-
 @functools.lru_cache(maxsize=8)
 def parallel_row_layout(length: int, depths: int, window: int | None, device: torch.device | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -351,7 +341,7 @@ def parallel_row_layout(length: int, depths: int, window: int | None, device: to
     return src.to(device), depth.to(device), (sees_real | same_anchor_draft)[None].to(device)
 
 
-def _parallel_train_step(drafter: EagleModel, batch: dict[str, torch.Tensor], tc: TrainConfig, use_audio: bool,
+def _parallel_train_step(drafter: ParallelEagleDrafter, batch: dict[str, torch.Tensor], tc: TrainConfig, use_audio: bool,
                          autocast: bool) -> tuple[torch.Tensor, list[float], float]:
     dev = batch["pos"].device
     length, depths = batch["pos"].shape[1], tc.unroll
@@ -359,12 +349,12 @@ def _parallel_train_step(drafter: EagleModel, batch: dict[str, torch.Tensor], tc
     idx = src.clamp(max=length - 1)
     draft = depth > 0
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
-        tok_in = torch.where(draft, drafter.mask_token_id, batch["tok_in"][:, idx])  # type: ignore[attr-defined]
+        tok_in = torch.where(draft, drafter.mask_token_id, batch["tok_in"][:, idx])
         x = drafter.embed_input_ids(tok_in, batch["audio"][:, idx].to(drafter.dtype) if use_audio else None)
         hid_in = torch.where(draft[None, :, None], 0.0, batch["hid_prev"][:, idx]).to(drafter.dtype)
         pos = batch["pos"][:, idx]
         t_cond = drafter.t_cond(batch["delay"])[:, None, :]
-        g = drafter(x, hid_in, pos, t_cond, _RowMaskAttention(allowed))
+        g = drafter(x, hid_in, pos, t_cond, DenseAttention.with_mask(allowed))
         logits = drafter.logits(g).float()
         tok_tgt = batch["tok_tgt"][:, idx]
         # a draft row counts where its anchor and its own position are generated positions of the window

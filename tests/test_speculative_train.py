@@ -183,7 +183,7 @@ def test_parallel_training_rows_see_what_one_engine_pass_shows_them(tiny_ckpt, t
     the output it gets in the engine, where anchor i's pass holds the real rows up to i and its own
     mask rows after it, attending causally within the drafter's window."""
     from realtime.attention import DenseAttention
-    from speculative.train import _RowMaskAttention, parallel_row_layout
+    from speculative.train import parallel_row_layout
 
     model, _ = load_model(tiny_ckpt(seed=1))
     cfg = DrafterConfig.for_target(model.config, num_layers=2, sliding_window=window)
@@ -203,7 +203,7 @@ def test_parallel_training_rows_see_what_one_engine_pass_shows_them(tiny_ckpt, t
     with torch.no_grad():
         x = d.embed_input_ids(ids, audio[idx])
         out = d(x[None], torch.where((depth > 0)[:, None], 0.0, hid[idx])[None], pos[idx][None], t_cond,
-                _RowMaskAttention(allowed))[0]
+                DenseAttention.with_mask(allowed))[0]
         checked = 0
         for anchor in range(length):
             n_draft = min(depths - 1, length - 1 - anchor)
@@ -236,6 +236,11 @@ def test_cli_trains_a_parallel_drafter_and_refuses_it_text_only(tiny_ckpt, tmp_p
         main(["--target", str(tiny_ckpt(seed=1)), "--audio", audio, "--out", str(tmp_path / "bad"),
               "--device", "cpu", "--parallel", "--text-only"])
     assert "not with --text-only" in capsys.readouterr().err
+    for bad in ("0", "1.5"):
+        with pytest.raises(SystemExit):
+            main(["--target", str(tiny_ckpt(seed=1)), "--audio", audio, "--out", str(tmp_path / "bad"),
+                  "--device", "cpu", "--parallel", "--depth-decay", bad])
+        assert "--depth-decay must be in (0, 1]" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
 
 
