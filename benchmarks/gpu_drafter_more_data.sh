@@ -26,13 +26,19 @@
 # same-call reference, since plain decoding's speed moves between calls. With one GPU only `par` runs
 # (labelled in one piece), then the reference.
 # PAR_MINUTES (env, default 4): training minutes of each parallel drafter.
-# Back: OUT/results.tar (logs, reports, benchmark JSON) and OUT/{base,more,reg,par,par2}/drafter{.safetensors,_config.json}.
+# MODE `two_pass` trains TwoPassEagleDrafters instead (speculative.train --two-pass: the first draft in the
+# catch-up pass, the others in one more pass), `two` (1 layer) and with 2 GPUs `two2` (2 layers), with the
+# same PAR_K, PAR_MINUTES and DROPOUT. REF_DRAFTER may list several drafters, `DIR[@K]` each (K default 4):
+# each one's batch-1 run follows in turn (ref_g0, ref2_g0, ...).
+# Back: OUT/results.tar (logs, reports, benchmark JSON) and OUT/{base,more,reg,par,par2,two,two2}/drafter{.safetensors,_config.json}.
 set -u
 out=${1:?out dir}; evals=${2:?held-out clips folder}; carry=${3:?carry with engines.tar.xz, corpus.tsv.gz, wheels}
 chunks=${4:-24}; steps=${5:-4500}; clip_s=${6:-60}; mode=${7:-compare}; dropout=${8:-}
-case $mode in compare|split|parallel) ;; *) echo "MODE must be compare, split or parallel, not $mode" >&2; exit 2;; esac
+case $mode in compare|split|parallel|two_pass) ;; *) echo "MODE must be compare, split, parallel or two_pass, not $mode" >&2; exit 2;; esac
 if [ -n "$dropout" ] && [ "$mode" = compare ]; then echo "DROPOUT needs MODE split or parallel" >&2; exit 2; fi
-[ "$mode" = parallel ] && dropout=${dropout:-0.1}
+kind=
+case $mode in parallel) kind=--parallel; one=par; two=par2;; two_pass) kind=--two-pass; one=two; two=two2;; esac
+[ -n "$kind" ] && dropout=${dropout:-0.1}
 t0=$(date +%s)
 since() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
@@ -91,11 +97,11 @@ if [ "$mode" != compare ] && [ "$ngpu" -ge 2 ]; then
   wait
   since "labelled"
   grep -h -E "teacher:|rc=" "$out"/label_*.log
-  if [ "$mode" = parallel ]; then
-    distil par 0 "$steps" 300 "${PAR_MINUTES:-4}" --teacher-from /tmp/labels/part0 /tmp/labels/part1 \
-      --dropout "$dropout" --parallel --unroll "${PAR_K:-6}" --k "${PAR_K:-6}" &
-    distil par2 1 "$steps" 300 "${PAR_MINUTES:-4}" --teacher-from /tmp/labels/part0 /tmp/labels/part1 \
-      --dropout "$dropout" --parallel --layers 2 --unroll "${PAR_K:-6}" --k "${PAR_K:-6}"
+  if [ -n "$kind" ]; then
+    distil "$one" 0 "$steps" 300 "${PAR_MINUTES:-4}" --teacher-from /tmp/labels/part0 /tmp/labels/part1 \
+      --dropout "$dropout" "$kind" --unroll "${PAR_K:-6}" --k "${PAR_K:-6}" &
+    distil "$two" 1 "$steps" 300 "${PAR_MINUTES:-4}" --teacher-from /tmp/labels/part0 /tmp/labels/part1 \
+      --dropout "$dropout" "$kind" --layers 2 --unroll "${PAR_K:-6}" --k "${PAR_K:-6}"
   else
     if [ -n "$dropout" ]; then
       distil reg 0 "$steps" 300 4 --teacher-from /tmp/labels/part0 /tmp/labels/part1 --dropout "$dropout" &
@@ -103,8 +109,8 @@ if [ "$mode" != compare ] && [ "$ngpu" -ge 2 ]; then
     distil more 1 "$steps" 300 4 --teacher-from /tmp/labels/part0 /tmp/labels/part1
   fi
   wait
-elif [ "$mode" = parallel ]; then
-  distil par 0 "$steps" 330 "${PAR_MINUTES:-4}" --audio "${all_audio[@]}" --dropout "$dropout" --parallel \
+elif [ -n "$kind" ]; then
+  distil "$one" 0 "$steps" 330 "${PAR_MINUTES:-4}" --audio "${all_audio[@]}" --dropout "$dropout" "$kind" \
     --unroll "${PAR_K:-6}" --k "${PAR_K:-6}"
 else
   if [ "$ngpu" -ge 2 ]; then
@@ -116,25 +122,30 @@ fi
 since "distilled"
 grep -h -E "training files|teacher:|rc=" "$out"/distill_*.log
 if [ "$ngpu" -ge 2 ] && [ "$mode" = compare ]; then bench base 0 & fi
-if [ "$mode" = parallel ] && [ "$ngpu" -lt 2 ]; then
-  bench par 0 "${PAR_K:-6}"
-  [ -n "${REF_DRAFTER:-}" ] && bench ref_g0 0 4 "$REF_DRAFTER" b1
-elif [ "$mode" = parallel ]; then
-  bench par 0 "${PAR_K:-6}" &
-  bench par2 1 "${PAR_K:-6}"
+refs() {  # gpu: the REF_DRAFTER entries' batch-1 runs on this GPU, one after another
+  local n=0 r
+  for r in ${REF_DRAFTER:-}; do
+    n=$((n + 1))
+    bench "ref$([ $n -gt 1 ] && echo $n)_g$1" "$1" "$(case $r in *@*) echo "${r##*@}";; *) echo 4;; esac)" "${r%@*}" b1
+  done
+}
+if [ -n "$kind" ] && [ "$ngpu" -lt 2 ]; then
+  bench "$one" 0 "${PAR_K:-6}"
+  refs 0
+elif [ -n "$kind" ]; then
+  bench "$one" 0 "${PAR_K:-6}" &
+  bench "$two" 1 "${PAR_K:-6}"
   wait
-  if [ -n "${REF_DRAFTER:-}" ]; then
-    bench ref_g0 0 4 "$REF_DRAFTER" b1 &
-    bench ref_g1 1 4 "$REF_DRAFTER" b1
-  fi
+  refs 0 &
+  refs 1
 elif [ "$ngpu" -ge 2 ] && [ -n "$dropout" ]; then
   bench reg 0 &
 fi
-[ "$mode" = parallel ] || bench more $(( ngpu >= 2 ? 1 : 0 ))
+[ -n "$kind" ] || bench more $(( ngpu >= 2 ? 1 : 0 ))
 wait
 since "benchmarked"
 grep -h "offline batch" "$out"/b1_*.log "$out"/b16_64_*.log
-for name in base more reg par par2; do
+for name in base more reg par par2 two two2; do
   if [ -f "/tmp/drafters/$name/drafter.safetensors" ]; then
     mkdir -p "$out/$name"
     cp "/tmp/drafters/$name/drafter_config.json" "/tmp/drafters/$name/drafter.safetensors" "$out/$name/"
@@ -142,5 +153,5 @@ for name in base more reg par par2; do
 done
 cp /tmp/dclips/clips_stats.json "$out/" 2>/dev/null
 (cd "$out" && tar cf results.tar --exclude results.tar --exclude base --exclude more --exclude reg \
-  --exclude par --exclude par2 ./* \
+  --exclude par --exclude par2 --exclude two --exclude two2 ./* \
   && find . -maxdepth 1 -type f ! -name results.tar -delete)

@@ -5,12 +5,13 @@ end-of-stream flush, offline files) advances faster than one token per step; the
 (`realtime.engine.speculation`) verifies the proposals with the target model, losslessly.
 
 Files:
-- `capability`: the `SupportsMultiModalEmbeddings` and `SupportsParallelDrafting` protocols, their
+- `capability`: the `SupportsMultiModalEmbeddings`, `SupportsParallelDrafting` and
+  `SupportsTwoPassDrafting` protocols, their
   `TypeIs` guards, the target-side flag, and the load-time decision whether a drafter receives audio
   embeddings.
 - `drafter`: the Eagle drafter network (fc over [fused input embedding; target hidden], decoder
-  layer(s), tied embedding/head borrowed from the target), its one-pass variant
-  (`ParallelEagleDrafter`) and the checkpoint format.
+  layer(s), tied embedding/head borrowed from the target), its one-pass and two-pass variants
+  (`ParallelEagleDrafter`, `TwoPassEagleDrafter`) and the checkpoint format.
 - `train`: distillation of a drafter from a target checkpoint on audio (CLI).
 
 Imports allowed: torch, safetensors, numpy, typing_extensions and the model-level parts of
@@ -22,16 +23,19 @@ Imports allowed: torch, safetensors, numpy, typing_extensions and the model-leve
 from .capability import (
     SupportsMultiModalEmbeddings,
     SupportsParallelDrafting,
+    SupportsTwoPassDrafting,
     drafter_receives_audio,
     produces_multimodal_embeddings,
     supports_multimodal_embeddings,
     supports_parallel_drafting,
+    supports_two_pass_drafting,
 )
 from .drafter import (
     DrafterConfig,
     EagleDrafter,
     EagleModel,
     ParallelEagleDrafter,
+    TwoPassEagleDrafter,
     load_drafter,
     save_drafter,
 )
@@ -43,10 +47,13 @@ __all__ = [
     "ParallelEagleDrafter",
     "SupportsMultiModalEmbeddings",
     "SupportsParallelDrafting",
+    "SupportsTwoPassDrafting",
+    "TwoPassEagleDrafter",
     "drafter_receives_audio",
     "load_drafter",
     "produces_multimodal_embeddings",
     "save_drafter",
     "supports_multimodal_embeddings",
     "supports_parallel_drafting",
+    "supports_two_pass_drafting",
 ]

@@ -57,6 +57,20 @@ def supports_parallel_drafting(model: object) -> TypeIs[SupportsParallelDrafting
     return getattr(type(model), "supports_parallel_drafting", False) is True
 
 
+class SupportsTwoPassDrafting(Protocol):
+    """A drafter that drafts a round in two passes: the catch-up pass drafts the first token, then
+    one pass over the positions after it, the first of which reads that draft and the rest
+    `mask_token_id` (see `speculative.drafter.TwoPassEagleDrafter`)."""
+
+    supports_two_pass_drafting: ClassVar[Literal[True]] = True
+    mask_token_id: int
+
+
+def supports_two_pass_drafting(model: object) -> TypeIs[SupportsTwoPassDrafting]:
+    """True only if the drafter's class declares two-pass drafting (the flag is exactly True)."""
+    return getattr(type(model), "supports_two_pass_drafting", False) is True
+
+
 def produces_multimodal_embeddings(target: object) -> bool:
     """True if the target declares that it produces one multimodal embedding per LM position."""
     return getattr(type(target), "produces_multimodal_embeddings", False) is True

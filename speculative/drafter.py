@@ -5,7 +5,8 @@ At LM position q the target reads `x_q = embed(token_q) + audio_q` and its final
 layer(s) (same block as the target's, delay conditioning included) and a final norm, giving
 `g_q`, its estimate of `h_q`; the target's LM head turns `g_q` into the draft of token q+1. The
 next draft step (position q+1) has no target hidden state yet, so it reads `g_q` in its place.
-`ParallelEagleDrafter` drafts the positions after the first in the same pass instead (see there).
+`ParallelEagleDrafter` drafts the positions after the first in the same pass instead, and
+`TwoPassEagleDrafter` in one more pass (see there).
 
 `x_q` includes the audio embedding of position q itself at *every* draft step (the look-ahead
 that public Eagle implementations drop after the first step). A drafter without the declared
@@ -42,7 +43,7 @@ from realtime.model import (
     rope_inv_freq,
 )
 
-from .capability import SupportsMultiModalEmbeddings, SupportsParallelDrafting
+from .capability import SupportsMultiModalEmbeddings, SupportsParallelDrafting, SupportsTwoPassDrafting
 
 logger = logging.getLogger(__name__)
 
@@ -200,22 +201,13 @@ class EagleDrafter(EagleModel, SupportsMultiModalEmbeddings):
     embedding of its own position at every draft step (when the target produces them)."""
 
 
-class ParallelEagleDrafter(EagleDrafter, SupportsParallelDrafting):
-    """A multimodal drafter that drafts all k tokens of a round in ONE pass (declares
-    `supports_parallel_drafting`).
-
-    The audio of every draft position is already buffered when a stream drafts, so the positions
-    p+1 .. p+k-1 need not wait for the drafts before them: each reads a learned mask embedding in
-    place of its unknown token, plus its own audio embedding, and zeros in place of the target
-    hidden state. These rows run in the same pass as the catch-up rows (whose last row, position p,
-    drafts token p+1), under causal attention, and each row's head output is the next draft. A
-    round then costs one drafter pass instead of k dependent ones: at batch 1 a drafter pass is
-    launch-bound, so this is most of the drafting time (`speculative.train --parallel` trains it).
+class MaskRowsDrafter(EagleDrafter):
+    """Base of the drafters with draft rows whose token is not known yet when they run: such a row
+    reads a learned mask embedding in place of the token, plus its own position's audio embedding.
 
     `mask_token_id` (= vocab_size, one past the vocabulary) marks those rows in `embed_input_ids`,
-    which stays the one place where token, mask and audio embeddings are merged."""
-
-    supports_parallel_drafting: ClassVar[Literal[True]] = True
+    which stays the one place where token, mask and audio embeddings are merged. Not a checkpoint
+    architecture itself: its subclasses declare how the engine lays the rows out."""
 
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__(config)
@@ -231,8 +223,40 @@ class ParallelEagleDrafter(EagleDrafter, SupportsParallelDrafting):
         return torch.where(is_mask, self.mask_embedding.to(emb.dtype), emb)
 
 
+class ParallelEagleDrafter(MaskRowsDrafter, SupportsParallelDrafting):
+    """A multimodal drafter that drafts all k tokens of a round in ONE pass (declares
+    `supports_parallel_drafting`).
+
+    The audio of every draft position is already buffered when a stream drafts, so the positions
+    p+1 .. p+k-1 need not wait for the drafts before them: each reads the mask embedding in place
+    of its unknown token, plus its own audio embedding, and zeros in place of the target hidden
+    state. These rows run in the same pass as the catch-up rows (whose last row, position p,
+    drafts token p+1), under causal attention, and each row's head output is the next draft. A
+    round then costs one drafter pass instead of k dependent ones: at batch 1 a drafter pass is
+    launch-bound, so this is most of the drafting time (`speculative.train --parallel` trains it)."""
+
+    supports_parallel_drafting: ClassVar[Literal[True]] = True
+
+
+class TwoPassEagleDrafter(MaskRowsDrafter, SupportsTwoPassDrafting):
+    """A multimodal drafter that drafts the k tokens of a round in TWO passes (declares
+    `supports_two_pass_drafting`).
+
+    Pass 1 is the catch-up pass; its row at position p drafts token p+1, as in the chained drafter.
+    Pass 2 runs positions p+1 .. p+k-1 at once: row p+1 reads that first draft's token and pass 1's
+    output at p in place of the target hidden state (the chained drafter's second step), rows
+    p+2 .. p+k-1 the mask embedding and zeros (the parallel drafter's rows); every row also reads
+    its own audio embedding, and the heads of pass 2 give drafts 2 .. k. Why: the parallel drafter's
+    weak point is the rows right after p (a second draft is accepted about half the time after a
+    right first draft, two times in three for the chained drafter, which reads the first draft's
+    token). Two passes per round instead of k (`speculative.train --two-pass` trains it)."""
+
+    supports_two_pass_drafting: ClassVar[Literal[True]] = True
+
+
 ARCHITECTURES: dict[str, type[EagleModel]] = {"EagleDrafter": EagleDrafter, "EagleModel": EagleModel,
-                                              "ParallelEagleDrafter": ParallelEagleDrafter}
+                                              "ParallelEagleDrafter": ParallelEagleDrafter,
+                                              "TwoPassEagleDrafter": TwoPassEagleDrafter}
 
 
 def save_drafter(drafter: EagleModel, out_dir: str | Path) -> Path:

@@ -17,7 +17,9 @@
    `--parallel` trains a `ParallelEagleDrafter` instead: every position q of a window is also an
    anchor with U-1 draft rows at q+1 .. q+U-1 (mask token + that position's audio, zero hidden state)
    that attend to the real rows up to q and to the anchor's earlier draft rows, exactly the rows
-   of one engine pass; draft row j learns tok_{q+j+1} (depth j+1).
+   of one engine pass; draft row j learns tok_{q+j+1} (depth j+1). `--two-pass` trains a
+   `TwoPassEagleDrafter`: the same rows, but the first draft row reads the teacher's token at q+1
+   and the drafter's own output at q from a first pass over the real rows.
    `--label-only` stops after this step; `--teacher-from DIR...` trains from the `teacher.pt` of other
    runs instead of labelling `--audio` (e.g. halves labelled at once on two GPUs), after checking that
    each was labelled by this target at these delays.
@@ -56,8 +58,17 @@ from realtime.audio import IncrementalLogMel, as_mono_float32
 from realtime.model import VoxtralRealtime
 from realtime.train.regularize import add_sublayer_dropout
 
-from .capability import drafter_receives_audio, supports_parallel_drafting
-from .drafter import DrafterConfig, EagleDrafter, EagleModel, ParallelEagleDrafter, load_drafter, save_drafter
+from .capability import drafter_receives_audio, supports_parallel_drafting, supports_two_pass_drafting
+from .drafter import (
+    DrafterConfig,
+    EagleDrafter,
+    EagleModel,
+    MaskRowsDrafter,
+    ParallelEagleDrafter,
+    TwoPassEagleDrafter,
+    load_drafter,
+    save_drafter,
+)
 
 logger = logging.getLogger("speculative.train")
 
@@ -82,6 +93,7 @@ class TrainConfig:
     dropout: float = 0.0  # residual dropout on the drafter's sublayers while training (it memorises its clips)
     text_only: bool = False  # train an EagleModel (no audio): the ablation of the multimodal drafter
     parallel: bool = False  # train a ParallelEagleDrafter (all `unroll` depths drafted in one pass)
+    two_pass: bool = False  # train a TwoPassEagleDrafter (depth 0 in the catch-up pass, the rest in one more)
     delays_ms: list[int] = field(default_factory=lambda: [480])
     save_every: int = 200
     log_every: int = 20
@@ -186,9 +198,12 @@ def init_drafter(model: VoxtralRealtime, tc: TrainConfig) -> EagleModel:
     layers copied from the target's last layer with their residual branches zeroed, the target's
     final norm. Training then only has to learn corrections."""
     cfg = DrafterConfig.for_target(model.config, num_layers=tc.layers, sliding_window=tc.window)
-    if tc.text_only and tc.parallel:
-        raise ValueError("a parallel drafter needs the audio of its draft positions: not with text_only")
-    cls = EagleModel if tc.text_only else ParallelEagleDrafter if tc.parallel else EagleDrafter
+    if tc.text_only and (tc.parallel or tc.two_pass):
+        raise ValueError("a parallel or two-pass drafter needs the audio of its draft positions: not with text_only")
+    if tc.parallel and tc.two_pass:
+        raise ValueError("a drafter is parallel or two-pass, not both")
+    cls = (EagleModel if tc.text_only else ParallelEagleDrafter if tc.parallel
+           else TwoPassEagleDrafter if tc.two_pass else EagleDrafter)
     d = cls(cfg)
     h = cfg.hidden_size
     with torch.no_grad():
@@ -341,20 +356,32 @@ def parallel_row_layout(length: int, depths: int, window: int | None, device: to
     return src.to(device), depth.to(device), (sees_real | same_anchor_draft)[None].to(device)
 
 
-def _parallel_train_step(drafter: ParallelEagleDrafter, batch: dict[str, torch.Tensor], tc: TrainConfig, use_audio: bool,
+def _parallel_train_step(drafter: MaskRowsDrafter, batch: dict[str, torch.Tensor], tc: TrainConfig, use_audio: bool,
                          autocast: bool) -> tuple[torch.Tensor, list[float], float]:
+    """A parallel drafter's step (one pass over `parallel_row_layout`'s rows), or a two-pass drafter's:
+    pass 1 over the real rows (their outputs are depth 0), then the same layout in which each
+    anchor's depth-1 row reads the teacher's token there (the first draft, wherever the deeper
+    drafts count) and pass 1's output at the anchor instead of the mask and zeros."""
     dev = batch["pos"].device
     length, depths = batch["pos"].shape[1], tc.unroll
     src, depth, allowed = parallel_row_layout(length, depths, drafter.config.sliding_window, dev)
     idx = src.clamp(max=length - 1)
-    draft = depth > 0
+    two_pass = supports_two_pass_drafting(drafter)
+    masked = depth > (1 if two_pass else 0)
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
-        tok_in = torch.where(draft, drafter.mask_token_id, batch["tok_in"][:, idx])
-        x = drafter.embed_input_ids(tok_in, batch["audio"][:, idx].to(drafter.dtype) if use_audio else None)
-        hid_in = torch.where(draft[None, :, None], 0.0, batch["hid_prev"][:, idx]).to(drafter.dtype)
-        pos = batch["pos"][:, idx]
+        audio = batch["audio"].to(drafter.dtype) if use_audio else None
         t_cond = drafter.t_cond(batch["delay"])[:, None, :]
+        tok_in = torch.where(masked, drafter.mask_token_id, batch["tok_in"][:, idx])
+        x = drafter.embed_input_ids(tok_in, audio[:, idx] if use_audio else None)
+        hid_in = torch.where(masked[None, :, None], 0.0, batch["hid_prev"][:, idx]).to(drafter.dtype)
+        pos = batch["pos"][:, idx]
+        if two_pass:
+            g1 = drafter(drafter.embed_input_ids(batch["tok_in"], audio), batch["hid_prev"].to(drafter.dtype),
+                         batch["pos"], t_cond, DenseAttention(batch["pos"], drafter.config.sliding_window))
+            hid_in = torch.where((depth == 1)[None, :, None], g1[:, src - depth].to(hid_in.dtype), hid_in)
         g = drafter(x, hid_in, pos, t_cond, DenseAttention.with_mask(allowed))
+        if two_pass:  # the first draft comes from pass 1 (pass 2 recomputes the real rows for their keys)
+            g = torch.where((depth == 0)[None, :, None], g1[:, idx].to(g.dtype), g)
         logits = drafter.logits(g).float()
         tok_tgt = batch["tok_tgt"][:, idx]
         # a draft row counts where its anchor and its own position are generated positions of the window
@@ -373,7 +400,7 @@ def _parallel_train_step(drafter: ParallelEagleDrafter, batch: dict[str, torch.T
 
 def _train_step(drafter: EagleModel, batch: dict[str, torch.Tensor], tc: TrainConfig, use_audio: bool,
                 autocast: bool) -> tuple[torch.Tensor, list[float], float]:
-    if supports_parallel_drafting(drafter):
+    if supports_parallel_drafting(drafter) or supports_two_pass_drafting(drafter):
         return _parallel_train_step(drafter, batch, tc, use_audio, autocast)
     dev = batch["pos"].device
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
@@ -606,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--text-only", action="store_true", help="train a text-only drafter (ablation)")
     ap.add_argument("--parallel", action="store_true",
                     help="train a ParallelEagleDrafter: all --unroll depths drafted in one pass (mask rows)")
+    ap.add_argument("--two-pass", action="store_true",
+                    help="train a TwoPassEagleDrafter: the first draft in the catch-up pass, the rest in one more")
     ap.add_argument("--delays", type=int, nargs="+", default=[480], help="delays (ms) to label the audio at")
     ap.add_argument("--k", type=int, default=TrainConfig.eval_k, help="draft tokens in the engine measurement")
     ap.add_argument("--save-every", type=int, default=TrainConfig.save_every)
@@ -627,14 +656,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if not 0.0 < args.depth_decay <= 1.0:
         ap.error(f"--depth-decay must be in (0, 1], got {args.depth_decay}")
-    if args.parallel and args.text_only:
-        ap.error("--parallel drafts from the audio of the draft positions: not with --text-only")
+    if (args.parallel or args.two_pass) and args.text_only:
+        ap.error("--parallel and --two-pass draft from the audio of the draft positions: not with --text-only")
+    if args.parallel and args.two_pass:
+        ap.error("--parallel and --two-pass are two kinds of drafter: give one")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
     tc = TrainConfig(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, unroll=args.unroll,
                      depth_decay=args.depth_decay,
                      layers=args.layers, window=args.window, dropout=args.dropout, text_only=args.text_only,
-                     parallel=args.parallel,
+                     parallel=args.parallel, two_pass=args.two_pass,
                      delays_ms=args.delays,
                      save_every=args.save_every, log_every=args.log_every, seed=args.seed, eval_k=args.k)
     try:

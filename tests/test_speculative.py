@@ -6,6 +6,7 @@ what an eager prefill of the prompt gave the drafter. Drafters:
 - `trained`: distilled (briefly) from the tiny target on some clips; on those clips it is mostly
   right, on unseen clips mostly wrong, so acceptance is strictly between 0 and 1.
 - `trained_parallel`: the same, as a `ParallelEagleDrafter` (all drafts of a round in one pass).
+- `trained_two_pass`: the same, as a `TwoPassEagleDrafter` (the first draft, then the rest in one pass).
 - `echo`: constructed so that its prediction depends only on its own position's fused input
   `embed(token) + audio`: fc = [I, 0], layers with zero residual branches, the target's final
   norm. Against a target whose layers are also zeroed it is exactly the target, so acceptance is
@@ -40,11 +41,13 @@ from speculative import (
     EagleModel,
     ParallelEagleDrafter,
     SupportsMultiModalEmbeddings,
+    TwoPassEagleDrafter,
     drafter_receives_audio,
     load_drafter,
     save_drafter,
     supports_multimodal_embeddings,
     supports_parallel_drafting,
+    supports_two_pass_drafting,
 )
 from speculative.train import TrainConfig, teacher_forced, train_drafter
 
@@ -84,10 +87,26 @@ def trained_parallel(target, tmp_path_factory):
     return d
 
 
-@pytest.fixture(params=["chained", "parallel"])
+@pytest.fixture(scope="module")
+def trained_two_pass(target, tmp_path_factory):
+    model, _ = target
+    out = tmp_path_factory.mktemp("two_pass_drafter")
+    with single_thread():
+        train_drafter(model, SEEN, out, TrainConfig(steps=60, batch=8, seq_len=64, lr=3e-3, unroll=4, two_pass=True,
+                                                    log_every=1000), eval_audios=[])
+    d = load_drafter(out, target_embedding=model.language_model.embed_tokens.weight)
+    assert type(d) is TwoPassEagleDrafter
+    return d
+
+
+DRAFTER_FIXTURES = {"chained": "trained", "parallel": "trained_parallel", "two_pass": "trained_two_pass"}
+
+
+@pytest.fixture(params=sorted(DRAFTER_FIXTURES))
 def drafter_kind(request):
-    """Each lossless scenario runs with the chained drafter and with the one-pass parallel drafter."""
-    return request.getfixturevalue("trained" if request.param == "chained" else "trained_parallel")
+    """Each lossless scenario runs with the chained drafter, the one-pass parallel drafter and the
+    two-pass drafter."""
+    return request.getfixturevalue(DRAFTER_FIXTURES[request.param])
 
 
 _refs: dict[tuple, list[int]] = {}
@@ -329,7 +348,7 @@ def test_offline_batch_equals_sessions(target, drafter_kind, k):
         assert run.steps < plain.steps  # accepted drafts save steps
 
 
-@pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter])
+@pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter, TwoPassEagleDrafter])
 def test_small_windows_rings_with_speculation(tiny_ckpt, cls):
     """Encoder window 8, LM window 6, drafter window 6, block size 4: every ring wraps many times
     while verify steps write (and roll back) several positions per stream (a parallel drafter's
@@ -609,8 +628,8 @@ def test_trained_drafters_are_right_on_their_training_clips(target, drafter_kind
     assert run.stats.spec_drafted > 100 and run.stats.spec_acceptance_rate > 0.9
 
 
-@pytest.mark.parametrize("parallel", [False, True])
-def test_drafter_rings_keep_every_key_a_pass_reads(target, monkeypatch, tmp_path, parallel):
+@pytest.mark.parametrize("kind", ["chained", "parallel", "two_pass"])
+def test_drafter_rings_keep_every_key_a_pass_reads(target, monkeypatch, tmp_path, kind):
     """A 2-layer drafter (its second layer's keys depend on the first layer's attention) with window 6,
     distilled on the clip, computes the same outputs whether its KV ring has
     blocks of 2 positions (as small as its sizing allows; a parallel pass writes up to 2k positions per
@@ -618,17 +637,23 @@ def test_drafter_rings_keep_every_key_a_pass_reads(target, monkeypatch, tmp_path
     model, tok = target
     with single_thread():
         train_drafter(model, SEEN[:1], tmp_path, TrainConfig(steps=60, batch=8, seq_len=64, lr=3e-3, unroll=5, layers=2,
-                                                             window=6, parallel=parallel, log_every=1000),
+                                                             window=6, parallel=kind == "parallel",
+                                                             two_pass=kind == "two_pass", log_every=1000),
                       eval_audios=[])
     d = load_drafter(tmp_path, target_embedding=model.language_model.embed_tokens.weight)
-    outputs: list[torch.Tensor] = []  # every drafter pass's outputs (the rows that draft, and all others)
-    orig = Speculator._catchup_forward
+    outputs: list[torch.Tensor] = []  # every catch-up pass's outputs (the rows that draft, and all others)
+    orig, orig_chain = Speculator._catchup_forward, Speculator._chain_forward
 
     def recording(self, t):
         orig(self, t)
         outputs.append(self.g_c[:t].clone())
 
+    def recording_drafts(self, s):  # the drafts of the chain or of the second pass
+        orig_chain(self, s)
+        outputs.append(self.drafts[:s].double())
+
     monkeypatch.setattr(Speculator, "_catchup_forward", recording)
+    monkeypatch.setattr(Speculator, "_chain_forward", recording_drafts)
     runs = []
     for block in (2, 16):
         outputs.clear()
@@ -654,6 +679,88 @@ def test_parallel_draft_rows_get_their_own_audio_and_no_hidden_state(target, mon
         with monkeypatch.context() as mp:
             _, worst, _ = _parallel_rows_audio_errors(model, tok, mp, shift)
         assert worst > 1e-2, shift
+
+
+class TwoPassSpy(TwoPassEagleDrafter):
+    """Records every drafter pass: whether it is a second pass, input ids, audio rows, hidden rows,
+    positions and outputs."""
+
+    passes: list
+    second: bool = False
+
+    def embed_input_ids(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):
+        self._last = (input_ids.clone(), None if multimodal_embeddings is None else multimodal_embeddings.clone())
+        return super().embed_input_ids(input_ids, multimodal_embeddings, is_multimodal=is_multimodal)
+
+    def forward(self, inputs_embeds, hidden, positions, t_cond, backend):
+        out = super().forward(inputs_embeds, hidden, positions, t_cond, backend)
+        self.passes.append((self.second, *self._last, hidden[0].clone(), positions[0].clone(), out[0].clone()))
+        return out
+
+
+def _two_pass_rows_errors(model, tok, monkeypatch, shift: int = 0) -> dict[str, float]:
+    """Runs one stream offline with a spying two-pass drafter (random weights, a non-zero mask
+    embedding). Returns, over the second passes' rows: how many there were, the largest difference
+    between a row's audio and the target's audio embedding at its position, how many mask rows had
+    a non-zero hidden input, and, for the first row after p, the largest difference between its
+    hidden input and the catch-up pass's output at p, and how many of its tokens were not that
+    output's draft."""
+    if shift:
+        _shift_audio_gather(monkeypatch, shift)
+    clip = UNSEEN[1]
+    torch.manual_seed(3)
+    d = TwoPassSpy(DrafterConfig.for_target(model.config)).eval()
+    with torch.no_grad():
+        d.mask_embedding.normal_(0.0, 0.5)
+    d.tie_to(model.language_model.embed_tokens.weight)
+    d.passes = []
+    orig = Speculator._second_pass
+
+    def flagged(self, s, g_first):
+        self.drafter.second = True
+        orig(self, s, g_first)
+        self.drafter.second = False
+
+    monkeypatch.setattr(Speculator, "_second_pass", flagged)
+    run = transcribe_batch(model, tok, [clip], opts=RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=False),
+                           speculative=SpeculativeConfig(d, num_speculative_tokens=4))
+    assert run.results[0].token_ids == reference(model, tok, clip)
+    delay = model.config.delay_tokens()
+    tokens = model.config.prompt_ids(delay) + run.results[0].token_ids
+    audio, _ = teacher_forced(model, clip, tokens, delay)  # the target's audio embedding of every position
+    res = {"rows": 0, "audio": 0.0, "mask_hidden": 0, "first_rows": 0, "first_hidden": 0.0, "first_token": 0}
+    catchup = None
+    for second, ids, mm, hid, pos, out in d.passes:
+        if not second:
+            catchup = (pos, out)
+            continue
+        for r in torch.nonzero(pos >= 0).flatten().tolist():
+            q = int(pos[r])
+            res["rows"] += 1
+            res["audio"] = max(res["audio"], float((mm[r] - audio[q]).abs().max()))
+            if ids[r] == d.mask_token_id:
+                res["mask_hidden"] += int(bool(hid[r].any()))
+                continue
+            at_p = int(torch.nonzero(catchup[0] == q - 1).flatten()[0])  # the catch-up row of position p
+            res["first_rows"] += 1
+            res["first_hidden"] = max(res["first_hidden"], float((hid[r] - catchup[1][at_p]).abs().max()))
+            res["first_token"] += int(ids[r] != d.logits(catchup[1][at_p]).argmax())
+    return res
+
+
+def test_two_pass_rows_read_the_first_draft_and_their_own_audio(target, monkeypatch):
+    """The second pass: the row after p reads the first draft's token and the catch-up output at p in
+    place of the target hidden state; the rows after it the mask token and zeros; every row the
+    target's audio embedding of its own position. An off-by-one look-ahead gather either way is flagged."""
+    model, tok = target
+    with monkeypatch.context() as mp:
+        res = _two_pass_rows_errors(model, tok, mp)
+    assert res["rows"] > 50 and res["first_rows"] > 15 and res["rows"] > res["first_rows"]
+    assert res["audio"] < 1e-4 and res["mask_hidden"] == 0
+    assert res["first_hidden"] < 1e-5 and res["first_token"] == 0
+    for shift in (1, -1):
+        with monkeypatch.context() as mp:
+            assert _two_pass_rows_errors(model, tok, mp, shift)["audio"] > 1e-2, shift
 
 
 # ---------------------------------------------------------------------------------------------
@@ -719,10 +826,19 @@ def test_drafter_checkpoint_roundtrip_and_strictness(target, tmp_path):
     assert type(back) is ParallelEagleDrafter and torch.equal(back.mask_embedding, par.mask_embedding)
     with pytest.raises(CheckpointError, match=r"missing tensors \(1\): mask_embedding"):
         load_drafter(broken("to_par", edit_config=lambda m: m.update(architecture="ParallelEagleDrafter")))
+    two = TwoPassEagleDrafter(d.config)
+    with torch.no_grad():
+        two.mask_embedding.normal_()
+    save_drafter(two, tmp_path / "two")
+    back = load_drafter(tmp_path / "two", target_embedding=emb)
+    assert type(back) is TwoPassEagleDrafter and torch.equal(back.mask_embedding, two.mask_embedding)
+    with pytest.raises(CheckpointError, match=r"missing tensors \(1\): mask_embedding"):
+        load_drafter(broken("to_two", edit_config=lambda m: m.update(architecture="TwoPassEagleDrafter")))
 
 
 class TruthyParallel(EagleDrafter):
     supports_parallel_drafting = 1  # not the literal True
+    supports_two_pass_drafting = 1
 
 
 def test_parallel_drafting_is_declared_not_probed(target):
@@ -730,6 +846,10 @@ def test_parallel_drafting_is_declared_not_probed(target):
     assert supports_parallel_drafting(ParallelEagleDrafter(cfg))
     assert not supports_parallel_drafting(EagleDrafter(cfg))
     assert not supports_parallel_drafting(TruthyParallel(cfg))
+    assert supports_two_pass_drafting(TwoPassEagleDrafter(cfg))
+    assert not supports_two_pass_drafting(ParallelEagleDrafter(cfg))
+    assert not supports_parallel_drafting(TwoPassEagleDrafter(cfg))
+    assert not supports_two_pass_drafting(TruthyParallel(cfg))
     d = ParallelEagleDrafter(cfg).tie_to(target[0].language_model.embed_tokens.weight)
     with torch.no_grad():
         d.mask_embedding.fill_(0.5)
@@ -742,7 +862,7 @@ def test_parallel_drafting_is_declared_not_probed(target):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter])
+@pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter, TwoPassEagleDrafter])
 @pytest.mark.parametrize("small_windows", [False, True])
 def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows, cls):
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -752,7 +872,7 @@ def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows, cl
     tok = load_tokenizer(path)
     model = scaled_target(model, 0.03)
     drafter = echo_drafter(model, cls=cls, window=6 if small_windows else None)
-    if cls is ParallelEagleDrafter:  # a mask embedding that is not zero, so that graphs must gather it right
+    if cls is not EagleDrafter:  # a mask embedding that is not zero, so that graphs must gather it right
         with torch.no_grad():
             drafter.mask_embedding.normal_(0.0, 0.02, generator=torch.Generator("cuda").manual_seed(0))
     clips = [synthetic_audio(3.0 + i, seed=500 + i) for i in range(5)]

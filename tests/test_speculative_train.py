@@ -10,7 +10,7 @@ import torch
 from conftest import synthetic_audio
 
 from realtime.loader import load_model
-from speculative import DrafterConfig, EagleDrafter, ParallelEagleDrafter, load_drafter
+from speculative import DrafterConfig, EagleDrafter, ParallelEagleDrafter, TwoPassEagleDrafter, load_drafter
 from speculative.train import STATE_FILE, TEACHER_FILE, TrainConfig, main, target_fingerprint, train_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -244,11 +244,35 @@ def test_cli_trains_a_parallel_drafter_and_refuses_it_text_only(tiny_ckpt, tmp_p
     assert not (tmp_path / "bad").exists()
 
 
-def test_parallel_training_loss_is_the_loss_of_engine_passes(tiny_ckpt):
+def test_cli_trains_a_two_pass_drafter_and_refuses_bad_combinations(tiny_ckpt, tmp_path, capsys):
+    audio = _clips(tmp_path / "audio", [902, 903])
+    out = tmp_path / "two"
+    base = ["--target", str(tiny_ckpt(seed=1)), "--audio", audio, "--device", "cpu"]
+    rc = main([*base, "--out", str(out), "--steps", "6", "--batch", "4", "--seq-len", "32", "--unroll", "4",
+               "--two-pass", "--k", "4", "--log-every", "100"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["480"]["identical_outputs"] == "2/2" and len(report["480"]["per_position_acceptance"]) == 4
+    assert type(load_drafter(out)) is TwoPassEagleDrafter
+    for bad, says in ((["--two-pass", "--text-only"], "not with --text-only"),
+                      (["--two-pass", "--parallel"], "give one")):
+        with pytest.raises(SystemExit):
+            main([*base, "--out", str(tmp_path / "bad"), *bad])
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="not both"):
+        train_drafter(load_model(tiny_ckpt(seed=1))[0], [synthetic_audio(1.0, seed=1)], tmp_path / "never",
+                      TrainConfig(steps=1, parallel=True, two_pass=True), eval_audios=[])
+
+
+@pytest.mark.parametrize("cls", [ParallelEagleDrafter, TwoPassEagleDrafter])
+def test_parallel_training_loss_is_the_loss_of_engine_passes(tiny_ckpt, cls):
     """`_parallel_train_step`'s loss and accuracies, recomputed anchor by anchor from explicit engine passes:
     the anchor's real rows (real tokens, audio and previous hidden states), then mask rows (mask token,
     their own audio, zero hidden), each row's loss against the next token and hidden state of its own
-    position, weighted by depth_decay ** depth, counted only where anchor and row are generated positions."""
+    position, weighted by depth_decay ** depth, counted only where anchor and row are generated positions.
+    A two-pass drafter's first draft comes from a pass over the real rows alone, and its row after the
+    anchor reads the real token there and that pass's output at the anchor instead of the mask and zeros."""
     import torch.nn.functional as F
 
     from realtime.attention import DenseAttention
@@ -256,7 +280,8 @@ def test_parallel_training_loss_is_the_loss_of_engine_passes(tiny_ckpt):
 
     model, _ = load_model(tiny_ckpt(seed=1))
     cfg = DrafterConfig.for_target(model.config, sliding_window=6)
-    d = ParallelEagleDrafter(cfg).eval().tie_to(model.language_model.embed_tokens.weight)
+    d = cls(cfg).eval().tie_to(model.language_model.embed_tokens.weight)
+    two_pass = cls is TwoPassEagleDrafter
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in d.parameters():
@@ -269,21 +294,32 @@ def test_parallel_training_loss_is_the_loss_of_engine_passes(tiny_ckpt):
              "mask": torch.ones(b, length, dtype=torch.bool), "delay": torch.tensor([6, 2])}
     batch["mask"][0, :2] = False  # prompt positions
     batch["mask"][1, 8:] = False  # a short sequence's padded tail
-    tc = TrainConfig(unroll=depths, parallel=True, depth_decay=0.7, hidden_loss=0.3)
+    tc = TrainConfig(unroll=depths, parallel=not two_pass, two_pass=two_pass, depth_decay=0.7, hidden_loss=0.3)
     with torch.no_grad():
         loss, accs, _ = _train_step(d, batch, tc, True, False)
         total, n_first = torch.zeros(()), 0
         hits, counts = [0] * depths, [0] * depths
         for s in range(b):
             t_cond = d.t_cond(batch["delay"][s: s + 1])[:, None, :]
+
+            def engine_pass(q, masked, hidden, s=s, t_cond=t_cond):
+                x = d.embed_input_ids(torch.where(masked, d.mask_token_id, batch["tok_in"][s, q]), batch["audio"][s, q])
+                pos = batch["pos"][s, q][None]
+                return d(x[None], hidden[None], pos, t_cond, DenseAttention(pos, cfg.sliding_window))[0]
+
             for anchor in range(length):
                 n_draft = min(depths - 1, length - 1 - anchor)
                 q = torch.arange(anchor + 1 + n_draft)
                 is_draft = q > anchor
-                x = d.embed_input_ids(torch.where(is_draft, d.mask_token_id, batch["tok_in"][s, q]), batch["audio"][s, q])
-                hid = torch.where(is_draft[:, None], 0.0, batch["hid_prev"][s, q])
-                pos = batch["pos"][s, q][None]
-                out = d(x[None], hid[None], pos, t_cond, DenseAttention(pos, cfg.sliding_window))[0]
+                if two_pass:  # pass 1: the real rows up to the anchor; pass 2 adds the draft rows
+                    first = engine_pass(q[: anchor + 1], is_draft[: anchor + 1], batch["hid_prev"][s, : anchor + 1])
+                    hid = torch.where(is_draft[:, None], 0.0, batch["hid_prev"][s, q])
+                    if n_draft:
+                        hid[anchor + 1] = first[anchor]
+                    out = engine_pass(q, q > anchor + 1, hid)
+                    out[: anchor + 1] = first
+                else:
+                    out = engine_pass(q, is_draft, torch.where(is_draft[:, None], 0.0, batch["hid_prev"][s, q]))
                 for j in range(n_draft + 1):
                     r = anchor + j
                     if not (batch["mask"][s, anchor] and batch["mask"][s, r]):

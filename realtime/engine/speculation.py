@@ -19,7 +19,10 @@ Every decode step of every scheduled stream goes through `Speculator.step`:
    its own position p+j (never past the audio received: k_s <= decodable tokens - 1). A drafter
    that declares `supports_parallel_drafting` has no chain: its catch-up pass also runs rows at
    positions p+1 .. p+k_s-1 (mask token + their own audio + zeros for the target hidden state),
-   and the head of every row from p on gives the k_s drafts (one drafter pass per round).
+   and the head of every row from p on gives the k_s drafts (one drafter pass per round). A
+   drafter that declares `supports_two_pass_drafting` replaces the chain by ONE pass over
+   positions p+1 .. p+k_s-1: the first of these rows reads the first draft and the catch-up output
+   at p (as chain step 1 does), the others the mask token and zeros; every row its own audio.
 4. Verify: the target runs positions p .. p+k_s of every stream in one flattened batch (live
    streams: 1 row; catching-up streams: k_s + 1 rows) and its greedy argmax decides.
 5. `accept` (host): accepted prefix of the drafts + the target's token after it (the bonus).
@@ -61,6 +64,7 @@ from kernels.gather_add import gather_add_embeddings
 from speculative.capability import (  # the capability contract (torch-only module)
     drafter_receives_audio,
     supports_parallel_drafting,
+    supports_two_pass_drafting,
 )
 
 from ..model import VoxtralRealtime
@@ -203,6 +207,8 @@ class Speculator:
         dc = d.config
         # parallel drafting: a stream's catch-up pass holds up to k+1 accepted positions and k-1 draft rows
         self.parallel = supports_parallel_drafting(d)
+        # two-pass drafting: the chain's k-1 positions in one pass (laid out as the chain's rows)
+        self.two_pass = supports_two_pass_drafting(d) and not self.parallel
         rows_per_stream = 2 * k if self.parallel else k + 1
         spec = CacheSpec(dc.num_layers, dc.num_kv_heads, dc.head_dim, opts.block_size, dc.sliding_window,
                          max_q_len=rows_per_stream)
@@ -291,6 +297,9 @@ class Speculator:
             return
         g = self.g_c.index_select(0, m["c_last"][:s])
         self.drafts[:s, 0] = d.logits(g).argmax(-1)
+        if self.two_pass:
+            self._second_pass(s, g)
+            return
         t_cond = d.t_cond(m["dr_dly"][:s])[None]
         for j in range(1, self.k):
             pos = m["dr_pos"][j - 1, :s]
@@ -300,6 +309,24 @@ class Speculator:
                                      pos)
             g = d(x[None], g[None], pos[None], t_cond, backend)[0]
             self.drafts[:s, j] = d.logits(g).argmax(-1)
+
+    def _second_pass(self, s: int, g_first: torch.Tensor) -> None:
+        """Drafts 2..k of the s drafting streams in one two-pass drafter pass over the chain's rows
+        (positions p+1 .. p+k-1; rows past a stream's k_s have position -1 and write no key)."""
+        d, m, kc = self.drafter, self.m, self.k - 1
+        if kc == 0:
+            return
+        n = kc * s
+        pos = m["dr_pos"][:, :s].reshape(n)
+        first = torch.arange(n, device=self.device) < s  # row j*s + i is chain step j+1 of stream i
+        tok = torch.where(first, self.drafts[:s, 0].repeat(kc), d.mask_token_id)
+        mm = self._gather_audio(m["dr_aud"][:, :s].reshape(n)) if self.drafter_audio else None
+        x = d.embed_input_ids(tok, mm)
+        hid = torch.where(first[:, None], g_first.repeat(kc, 1), 0.0)
+        backend = PagedAttention(self.d_cache, m["dr_slot_mapping"][:, :s].reshape(n), m["d_tables"],
+                                 self.dr_seq[:s].repeat(kc), pos)
+        g2 = d(x[None], hid[None], pos[None], d.t_cond(m["dr_dly"][:s].repeat(kc))[None], backend)[0]
+        self.drafts[:s, 1:] = d.logits(g2).argmax(-1).view(kc, s).T
 
     def _verify_inputs(self, t: int) -> None:
         """The target's inputs of the verify rows: the drafts merged into the known tokens, then
