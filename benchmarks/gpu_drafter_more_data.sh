@@ -29,7 +29,8 @@
 # MODE `two_pass` trains TwoPassEagleDrafters instead (speculative.train --two-pass: the first draft in the
 # catch-up pass, the others in one more pass), `two` (1 layer) and with 2 GPUs `two2` (2 layers), with the
 # same PAR_K, PAR_MINUTES and DROPOUT. REF_DRAFTER may list several drafters, `DIR[@K]` each (K default 4):
-# each one's batch-1 run follows in turn (ref_g0, ref2_g0, ...).
+# each one's batch-1 run follows in turn (ref_g0, ref2_g0, ...). EXTRA_TRAIN (env): more speculative.train
+# arguments for the parallel and two-pass drafters (e.g. "--depth-decay 0.4").
 # Back: OUT/results.tar (logs, reports, benchmark JSON) and OUT/{base,more,reg,par,par2,two,two2}/drafter{.safetensors,_config.json}.
 set -u
 out=${1:?out dir}; evals=${2:?held-out clips folder}; carry=${3:?carry with engines.tar.xz, corpus.tsv.gz, wheels}
@@ -99,9 +100,9 @@ if [ "$mode" != compare ] && [ "$ngpu" -ge 2 ]; then
   grep -h -E "teacher:|rc=" "$out"/label_*.log
   if [ -n "$kind" ]; then
     distil "$one" 0 "$steps" 300 "${PAR_MINUTES:-4}" --teacher-from /tmp/labels/part0 /tmp/labels/part1 \
-      --dropout "$dropout" "$kind" --unroll "${PAR_K:-6}" --k "${PAR_K:-6}" &
+      --dropout "$dropout" "$kind" --unroll "${PAR_K:-6}" --k "${PAR_K:-6}" ${EXTRA_TRAIN:-} &
     distil "$two" 1 "$steps" 300 "${PAR_MINUTES:-4}" --teacher-from /tmp/labels/part0 /tmp/labels/part1 \
-      --dropout "$dropout" "$kind" --layers 2 --unroll "${PAR_K:-6}" --k "${PAR_K:-6}"
+      --dropout "$dropout" "$kind" --layers 2 --unroll "${PAR_K:-6}" --k "${PAR_K:-6}" ${EXTRA_TRAIN:-}
   else
     if [ -n "$dropout" ]; then
       distil reg 0 "$steps" 300 4 --teacher-from /tmp/labels/part0 /tmp/labels/part1 --dropout "$dropout" &
@@ -111,7 +112,7 @@ if [ "$mode" != compare ] && [ "$ngpu" -ge 2 ]; then
   wait
 elif [ -n "$kind" ]; then
   distil "$one" 0 "$steps" 330 "${PAR_MINUTES:-4}" --audio "${all_audio[@]}" --dropout "$dropout" "$kind" \
-    --unroll "${PAR_K:-6}" --k "${PAR_K:-6}"
+    --unroll "${PAR_K:-6}" --k "${PAR_K:-6}" ${EXTRA_TRAIN:-}
 else
   if [ "$ngpu" -ge 2 ]; then
     distil base 0 3000 220 9 --audio "${base_audio[@]}" &

@@ -71,6 +71,13 @@ def supports_two_pass_drafting(model: object) -> TypeIs[SupportsTwoPassDrafting]
     return getattr(type(model), "supports_two_pass_drafting", False) is True
 
 
+def default_num_speculative_tokens(drafter: object) -> int:
+    """Drafts per round when the user gives no number. A chained drafter pays one more dependent
+    drafter pass per draft, so its best measured k on the H200 was 3-4 (docs/benchmarks.md, issue 5);
+    a parallel or two-pass drafter pays the same passes whatever k, and measured best at 6."""
+    return 6 if supports_parallel_drafting(drafter) or supports_two_pass_drafting(drafter) else 4
+
+
 def produces_multimodal_embeddings(target: object) -> bool:
     """True if the target declares that it produces one multimodal embedding per LM position."""
     return getattr(type(target), "produces_multimodal_embeddings", False) is True

@@ -19,7 +19,8 @@
    that attend to the real rows up to q and to the anchor's earlier draft rows, exactly the rows
    of one engine pass; draft row j learns tok_{q+j+1} (depth j+1). `--two-pass` trains a
    `TwoPassEagleDrafter`: the same rows, but the first draft row reads the teacher's token at q+1
-   and the drafter's own output at q from a first pass over the real rows.
+   and the drafter's own output at q from a first pass over the real rows. `--init-from DIR` starts
+   from another drafter's weights (same config; e.g. a chained drafter's, for a parallel one).
    `--label-only` stops after this step; `--teacher-from DIR...` trains from the `teacher.pt` of other
    runs instead of labelling `--audio` (e.g. halves labelled at once on two GPUs), after checking that
    each was labelled by this target at these delays.
@@ -94,6 +95,7 @@ class TrainConfig:
     text_only: bool = False  # train an EagleModel (no audio): the ablation of the multimodal drafter
     parallel: bool = False  # train a ParallelEagleDrafter (all `unroll` depths drafted in one pass)
     two_pass: bool = False  # train a TwoPassEagleDrafter (depth 0 in the catch-up pass, the rest in one more)
+    init_from: str | None = None  # start from this drafter checkpoint's weights (any kind, same config)
     delays_ms: list[int] = field(default_factory=lambda: [480])
     save_every: int = 200
     log_every: int = 20
@@ -216,6 +218,29 @@ def init_drafter(model: VoxtralRealtime, tc: TrainConfig) -> EagleModel:
             layer.mlp.down_proj.weight.zero_()
         d.norm.weight.copy_(model.language_model.norm.weight.detach().float().cpu())
     return d
+
+
+def init_from_checkpoint(drafter: EagleModel, path: str | Path) -> list[str]:
+    """Copy a saved drafter's weights into `drafter` (e.g. a chained drafter's into a parallel one):
+    the configs must be equal and every saved tensor must exist here with its shape; tensors only
+    this kind has (the mask embedding) keep their initial values. Returns their names."""
+    from safetensors.torch import load_file
+
+    from .drafter import WEIGHTS_FILE, load_drafter_config
+
+    arch, cfg = load_drafter_config(path)
+    if cfg != drafter.config:
+        raise ValueError(f"--init-from {path}: its config {asdict(cfg)} differs from this drafter's "
+                         f"{asdict(drafter.config)}")
+    saved = load_file(str(Path(path) / WEIGHTS_FILE))
+    own = drafter.state_dict()
+    bad = sorted(k for k, v in saved.items() if k not in own or tuple(own[k].shape) != tuple(v.shape))
+    if bad:
+        raise ValueError(f"--init-from {path} ({arch}): tensors that do not fit this drafter: {bad}")
+    with torch.no_grad():
+        for k, v in saved.items():
+            own[k].copy_(v)
+    return sorted(set(own) - set(saved))
 
 
 def _config_key(target: str, files: Sequence[str], tc: TrainConfig, audios: Sequence[np.ndarray]) -> str:
@@ -500,6 +525,9 @@ def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir:
             drop_gen.set_state(st["dropout_generator"])
         step, history = st["step"], st["history"]
         logger.info("resuming from step %d (%s)", step, sfile)
+    elif tc.init_from is not None:
+        kept = init_from_checkpoint(drafter, tc.init_from)
+        logger.info("initialised from %s; kept their initial values: %s", tc.init_from, kept or "none")
     resumed_from = step
 
     def save() -> None:
@@ -635,6 +663,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="train a ParallelEagleDrafter: all --unroll depths drafted in one pass (mask rows)")
     ap.add_argument("--two-pass", action="store_true",
                     help="train a TwoPassEagleDrafter: the first draft in the catch-up pass, the rest in one more")
+    ap.add_argument("--init-from", default=None, metavar="DIR",
+                    help="start from this drafter's weights (e.g. a chained drafter's, for a parallel one; same config)")
     ap.add_argument("--delays", type=int, nargs="+", default=[480], help="delays (ms) to label the audio at")
     ap.add_argument("--k", type=int, default=TrainConfig.eval_k, help="draft tokens in the engine measurement")
     ap.add_argument("--save-every", type=int, default=TrainConfig.save_every)
@@ -665,11 +695,13 @@ def main(argv: list[str] | None = None) -> int:
     tc = TrainConfig(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, unroll=args.unroll,
                      depth_decay=args.depth_decay,
                      layers=args.layers, window=args.window, dropout=args.dropout, text_only=args.text_only,
-                     parallel=args.parallel, two_pass=args.two_pass,
+                     parallel=args.parallel, two_pass=args.two_pass, init_from=args.init_from,
                      delays_ms=args.delays,
                      save_every=args.save_every, log_every=args.log_every, seed=args.seed, eval_k=args.k)
     try:
         model, _ = load_model(args.target, device=args.device, dtype=dtype)
+        if args.init_from is not None:  # a checkpoint that does not fit is refused before labelling
+            init_from_checkpoint(init_drafter(model, tc), args.init_from)
         rate = model.config.audio.sampling_rate
         files = audio_paths(args.audio) if args.audio is not None else []
         audios = [load_audio_file(f, rate) for f in files]

@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch intra-op threads (default: 1 on cpu, torch's default on cuda)")
     p.add_argument("--drafter", default=None,
                    help="Eagle drafter folder (speculative/): verify several frames per step when audio is backlogged")
-    p.add_argument("--num-speculative-tokens", type=_positive_int, default=4, help="drafts per stream per step")
+    p.add_argument("--num-speculative-tokens", type=_positive_int, default=None,
+                   help="drafts per stream per step (default: 6 for a parallel or two-pass drafter, 4 for a chained one)")
     p.add_argument("--max-session-seconds", type=_nonneg_float, default=0.0,
                    help="end sessions at this length (0: unlimited; a bound lets more streams fit in KV memory)")
     p.add_argument("--served-model-name", nargs="+", default=None,

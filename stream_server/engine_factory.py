@@ -21,8 +21,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu", dtype: str | None = None,
                  max_streams: int = 64, cuda_graphs: bool = True, max_session_seconds: float | None = None,
                  kv_memory_fraction: float = 0.9, drafter: str | None = None,
-                 num_speculative_tokens: int = 4) -> TranscriptionEngine:
-    """Load `model` (a folder or "default") and wrap it in the engine `kind` (not started)."""
+                 num_speculative_tokens: int | None = None) -> TranscriptionEngine:
+    """Load `model` (a folder or "default") and wrap it in the engine `kind` (not started).
+    `num_speculative_tokens` None: the drafter's kind decides (`default_num_speculative_tokens`)."""
     if kind not in ENGINES:
         raise ValueError(f"unknown engine {kind!r} (available: {', '.join(ENGINES)})")
     torch_dtype = DTYPES[dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
@@ -53,10 +54,13 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
         speculative = None
         if drafter is not None:  # lossless speculation for backlogged streams (catch-up, flush, files)
             from realtime.engine.speculation import SpeculativeConfig
+            from speculative.capability import default_num_speculative_tokens
             from speculative.drafter import load_drafter
 
             eagle = load_drafter(drafter, target_embedding=net.language_model.embed_tokens.weight,
                                  device=net.device, dtype=net.dtype)
-            speculative = SpeculativeConfig(eagle, num_speculative_tokens=num_speculative_tokens)
+            k = default_num_speculative_tokens(eagle) if num_speculative_tokens is None else num_speculative_tokens
+            logger.info("drafter %s, %d draft tokens per round", type(eagle).__name__, k)
+            speculative = SpeculativeConfig(eagle, num_speculative_tokens=k)
         return BatchedEngine(net, tokenizer, opts=opts, model_name=model_name, speculative=speculative)
     raise AssertionError(kind)  # unreachable: checked above

@@ -17,8 +17,20 @@ from test_server_robustness import http_get
 from test_speculative import echo_drafter
 
 from realtime.model_store import load_model_and_tokenizer
-from speculative.drafter import EagleDrafter, ParallelEagleDrafter, save_drafter
+from speculative.drafter import EagleDrafter, ParallelEagleDrafter, TwoPassEagleDrafter, save_drafter
 from stream_server.engine_factory import build_engine
+
+
+@pytest.mark.parametrize(("cls", "k"), [(EagleDrafter, 4), (ParallelEagleDrafter, 6), (TwoPassEagleDrafter, 6)])
+def test_the_drafters_kind_sets_the_default_number_of_drafts(ckpt, tmp_path, cls, k):
+    """`--num-speculative-tokens` left out: 4 for a chained drafter, 6 for a parallel or two-pass one."""
+    model, _ = load_model_and_tokenizer(ckpt)
+    save_drafter(echo_drafter(model, cls=cls), tmp_path / "drafter")
+    eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "drafter"))
+    assert eng.speculator.k == k
+    eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "drafter"),
+                       num_speculative_tokens=3)
+    assert eng.speculator.k == 3
 
 
 @pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter])

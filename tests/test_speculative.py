@@ -42,6 +42,7 @@ from speculative import (
     ParallelEagleDrafter,
     SupportsMultiModalEmbeddings,
     TwoPassEagleDrafter,
+    default_num_speculative_tokens,
     drafter_receives_audio,
     load_drafter,
     save_drafter,
@@ -530,7 +531,15 @@ def test_offline_cli_with_drafter(target, tiny_ckpt, tmp_path, capsys):
     assert [ln.split("\t")[0] for ln in lines] == files
     for ln, clip in zip(lines, [UNSEEN[1], SEEN[1]]):
         assert ln.split("\t", 1)[1] == transcribe(model, tok, clip).text.strip()
-    assert "acceptance rate" in out.err
+    assert "speculation (k = 3): acceptance rate" in out.err
+    # without --k, the drafter's kind decides: 4 drafts for a chained drafter, 6 for a parallel one
+    save_drafter(echo_drafter(model, cls=ParallelEagleDrafter), tmp_path / "parallel")
+    for drafter, k in (("drafter", 4), ("parallel", 6)):
+        assert main(["--model", str(tiny_ckpt(seed=1)), "--drafter", str(tmp_path / drafter), "--device", "cpu",
+                     files[0]]) == 0
+        out = capsys.readouterr()
+        assert out.out.split("\t", 1)[1].strip() == transcribe(model, tok, UNSEEN[1]).text.strip()
+        assert f"speculation (k = {k}): acceptance rate" in out.err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -850,6 +859,9 @@ def test_parallel_drafting_is_declared_not_probed(target):
     assert not supports_two_pass_drafting(ParallelEagleDrafter(cfg))
     assert not supports_parallel_drafting(TwoPassEagleDrafter(cfg))
     assert not supports_two_pass_drafting(TruthyParallel(cfg))
+    # a round of a chained drafter costs one pass per draft, of the others one or two passes whatever k
+    assert [default_num_speculative_tokens(c(cfg)) for c in (EagleDrafter, TruthyParallel, ParallelEagleDrafter,
+                                                              TwoPassEagleDrafter)] == [4, 4, 6, 6]
     d = ParallelEagleDrafter(cfg).tie_to(target[0].language_model.embed_tokens.weight)
     with torch.no_grad():
         d.mask_embedding.fill_(0.5)

@@ -244,6 +244,33 @@ def test_cli_trains_a_parallel_drafter_and_refuses_it_text_only(tiny_ckpt, tmp_p
     assert not (tmp_path / "bad").exists()
 
 
+def test_a_parallel_drafter_starts_from_a_chained_drafters_weights(tiny_ckpt, tmp_path, capsys):
+    """--init-from: every tensor of the saved drafter is copied (the mask embedding keeps its zeros); a
+    checkpoint of another shape is refused, on the command line before any labelling."""
+    from speculative.train import init_from_checkpoint
+
+    model, _ = load_model(tiny_ckpt(seed=1))
+    clips = [synthetic_audio(1.5, seed=11)]
+    chained = train_drafter(model, clips, tmp_path / "chained", TrainConfig(steps=3, batch=2, seq_len=16),
+                            eval_audios=[]).out_dir
+    par = train_drafter(model, clips, tmp_path / "par", TrainConfig(steps=0, parallel=True, init_from=str(chained)),
+                        eval_audios=[]).out_dir
+    a, b = load_drafter(chained).state_dict(), load_drafter(par).state_dict()
+    assert set(b) - set(a) == {"mask_embedding"} and not b["mask_embedding"].any()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    fresh = load_drafter(train_drafter(model, clips, tmp_path / "fresh", TrainConfig(steps=0, parallel=True),
+                                       eval_audios=[]).out_dir).state_dict()
+    assert not torch.equal(fresh["fc.weight"], a["fc.weight"])  # the copy is what made them equal
+    two_layers = ParallelEagleDrafter(DrafterConfig.for_target(model.config, num_layers=2))
+    with pytest.raises(ValueError, match="differs"):
+        init_from_checkpoint(two_layers, chained)
+    audio = _clips(tmp_path / "audio", [904])
+    assert main(["--target", str(tiny_ckpt(seed=1)), "--audio", audio, "--out", str(tmp_path / "bad"),
+                 "--device", "cpu", "--parallel", "--layers", "2", "--init-from", str(chained)]) == 2
+    assert "differs" in capsys.readouterr().err
+    assert not (tmp_path / "bad" / TEACHER_FILE).exists()
+
+
 def test_cli_trains_a_two_pass_drafter_and_refuses_bad_combinations(tiny_ckpt, tmp_path, capsys):
     audio = _clips(tmp_path / "audio", [902, 903])
     out = tmp_path / "two"

@@ -5,7 +5,7 @@ file is pushed at once and finished, so each stream has its whole audio buffered
 case speculation speeds up most (one verify step accepts several tokens). Files beyond
 `max_streams` wait for a free slot. Output tokens equal `realtime.session.transcribe`'s.
 
-    python -m realtime.engine.offline --model DIR [--drafter DIR --k 4] [--device cuda --dtype bf16] FILE...
+    python -m realtime.engine.offline --model DIR [--drafter DIR [--k K]] [--device cuda --dtype bf16] FILE...
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def main(argv: list[str] | None = None) -> int:
+    from speculative.capability import default_num_speculative_tokens
     from speculative.drafter import load_drafter
 
     from ..audio import load_audio_file
@@ -123,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Offline transcription of files on the batched engine.")
     ap.add_argument("--model", default="default", help="checkpoint folder, or 'default'")
     ap.add_argument("--drafter", default=None, help="Eagle drafter folder: turns speculative decoding on")
-    ap.add_argument("--k", type=int, default=4, help="draft tokens per step (speculation)")
+    ap.add_argument("--k", type=int, default=None,
+                    help="draft tokens per step (default: 6 for a parallel or two-pass drafter, 4 for a chained one)")
     ap.add_argument("--delay-ms", type=int, default=None)
     ap.add_argument("--batch", type=int, default=16, help="streams decoded together")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -141,11 +143,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.drafter:
             drafter = load_drafter(args.drafter, target_embedding=model.language_model.embed_tokens.weight,
                                    device=args.device, dtype=dtype)
+            if args.k is None:
+                args.k = default_num_speculative_tokens(drafter)
             spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k)
         audios = [load_audio_file(f, model.config.audio.sampling_rate) for f in args.files]
         n = max(1, min(args.batch, len(audios)))
         opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=not args.no_cuda_graphs,
-                             max_step_tokens=max(8, args.k + 1))
+                             max_step_tokens=max(8, (args.k or 0) + 1))
         run = transcribe_batch(model, tok, audios, delay_ms=args.delay_ms, opts=opts, speculative=spec)
     except (AudioError, ConfigError, CheckpointError, TokenizerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{secs:.1f} s of audio in {run.seconds:.2f} s ({secs / max(run.seconds, 1e-9):.1f}x real time), "
           f"{run.steps} steps, {st.tokens_emitted} tokens", file=sys.stderr)
     if spec is not None:
-        print(f"speculation: acceptance rate {st.spec_acceptance_rate:.3f}, mean acceptance length "
+        print(f"speculation (k = {args.k}): acceptance rate {st.spec_acceptance_rate:.3f}, mean acceptance length "
               f"{st.spec_mean_acceptance_length:.2f}, per position "
               f"{[round(a / d, 3) if d else 0 for a, d in zip(st.spec_accepted_per_position, st.spec_drafted_per_position)]}",
               file=sys.stderr)
