@@ -30,7 +30,7 @@
 # catch-up pass, the others in one more pass), `two` (1 layer) and with 2 GPUs `two2` (2 layers), with the
 # same PAR_K, PAR_MINUTES and DROPOUT. REF_DRAFTER may list several drafters, `DIR[@K]` each (K default 4):
 # each one's batch-1 run follows in turn (ref_g0, ref2_g0, ...). EXTRA_TRAIN (env): more speculative.train
-# arguments for the parallel and two-pass drafters (e.g. "--depth-decay 0.4").
+# arguments for the parallel and two-pass drafters (e.g. "--depth-decay 0.4"). B1_ONLY=1 (env): no batch-16/64 runs.
 # Back: OUT/results.tar (logs, reports, benchmark JSON) and OUT/{base,more,reg,par,par2,two,two2}/drafter{.safetensors,_config.json}.
 set -u
 out=${1:?out dir}; evals=${2:?held-out clips folder}; carry=${3:?carry with engines.tar.xz, corpus.tsv.gz, wheels}
@@ -85,7 +85,7 @@ bench() {  # name gpu [k] [drafter dir] [b1]: batch 1 (3 repeats), then batches 
   CUDA_VISIBLE_DEVICES=$gpu timeout 100 python3 benchmarks/bench_speculative.py --target models/default --drafter "$d" \
     --audio "$evals"/* --clip-seconds 45 --batches 1 --k "$k" --dtype bf16 --repeats 3 --skip-flush \
     --out "$out/b1_$name.json" > "$out/b1_$name.log" 2>&1
-  [ "$only" = b1 ] && return 0
+  [ "$only" = b1 ] || [ -n "${B1_ONLY:-}" ] && return 0
   CUDA_VISIBLE_DEVICES=$gpu timeout 80 python3 benchmarks/bench_speculative.py --target models/default --drafter "$d" \
     --audio "$evals"/* --clip-seconds 45 --flush-clip-seconds 10 --batches 16 64 --k "$k" --dtype bf16 \
     --out "$out/b16_64_$name.json" > "$out/b16_64_$name.log" 2>&1
