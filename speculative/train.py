@@ -223,24 +223,20 @@ def init_drafter(model: VoxtralRealtime, tc: TrainConfig) -> EagleModel:
 def init_from_checkpoint(drafter: EagleModel, path: str | Path) -> list[str]:
     """Copy a saved drafter's weights into `drafter` (e.g. a chained drafter's into a parallel one):
     the configs must be equal and every saved tensor must exist here with its shape; tensors only
-    this kind has (the mask embedding) keep their initial values. Returns their names."""
-    from safetensors.torch import load_file
-
-    from .drafter import WEIGHTS_FILE, load_drafter_config
-
-    arch, cfg = load_drafter_config(path)
-    if cfg != drafter.config:
-        raise ValueError(f"--init-from {path}: its config {asdict(cfg)} differs from this drafter's "
+    this kind has (the mask embedding) keep their initial values. Returns their names. A missing or
+    corrupt checkpoint is a CheckpointError (`load_drafter` is strict)."""
+    saved = load_drafter(path)
+    if saved.config != drafter.config:
+        raise ValueError(f"--init-from {path}: its config {asdict(saved.config)} differs from this drafter's "
                          f"{asdict(drafter.config)}")
-    saved = load_file(str(Path(path) / WEIGHTS_FILE))
-    own = drafter.state_dict()
-    bad = sorted(k for k, v in saved.items() if k not in own or tuple(own[k].shape) != tuple(v.shape))
+    theirs, own = saved.state_dict(), drafter.state_dict()
+    bad = sorted(k for k, v in theirs.items() if k not in own or own[k].shape != v.shape)
     if bad:
-        raise ValueError(f"--init-from {path} ({arch}): tensors that do not fit this drafter: {bad}")
+        raise ValueError(f"--init-from {path} ({type(saved).__name__}): tensors that do not fit this drafter: {bad}")
     with torch.no_grad():
-        for k, v in saved.items():
+        for k, v in theirs.items():
             own[k].copy_(v)
-    return sorted(set(own) - set(saved))
+    return sorted(set(own) - set(theirs))
 
 
 def _config_key(target: str, files: Sequence[str], tc: TrainConfig, audios: Sequence[np.ndarray]) -> str:

@@ -268,6 +268,9 @@ def test_a_parallel_drafter_starts_from_a_chained_drafters_weights(tiny_ckpt, tm
     assert main(["--target", str(tiny_ckpt(seed=1)), "--audio", audio, "--out", str(tmp_path / "bad"),
                  "--device", "cpu", "--parallel", "--layers", "2", "--init-from", str(chained)]) == 2
     assert "differs" in capsys.readouterr().err
+    assert main(["--target", str(tiny_ckpt(seed=1)), "--audio", audio, "--out", str(tmp_path / "bad"),
+                 "--device", "cpu", "--parallel", "--init-from", str(tmp_path / "nothing")]) == 2
+    assert "holds no drafter" in capsys.readouterr().err
     assert not (tmp_path / "bad" / TEACHER_FILE).exists()
 
 
