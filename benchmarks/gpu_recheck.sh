@@ -11,7 +11,7 @@
 #   5. fp32 batches 1/16/64, whose outputs must be identical (FP32=1).
 # Summaries go to stdout; raw JSON and logs into OUT/results.tar (OUT returns 8 files at most).
 #   benchmarks/gpu_recheck.sh OUT AUDIO_DIR [DRAFTER_DIR]
-# Settings (environment): TESTS=1 ENGINE_COUNTS=1,256 B3=0 KS="4 3" PROFILE=1 B1_REPEATS=5 LARGE=1
+# Settings (environment): TESTS=1 ENGINE_COUNTS=1,256 B3=0 KS="6 4" PROFILE=1 B1_REPEATS=5 LARGE=1
 # LARGE_REPEATS=1 FP32=0. The eighth session's three calls (run then as three scripts; the profile call had
 # B1 at 100 steps and no B2):
 #   TESTS=0 ENGINE_COUNTS=1 KS=4 B1_REPEATS=3 LARGE=0 benchmarks/gpu_recheck.sh OUT .bench_audio   (profiles)
@@ -19,7 +19,7 @@
 #   KS=4 PROFILE=0 B3=1 LARGE_REPEATS=3 FP32=1 benchmarks/gpu_recheck.sh OUT .bench_audio          (final)
 set -u
 out=${1:?out dir}; audio=${2:?audio dir}; drafter=${3:-models/default_drafter}
-ks=${KS:-4 3}; k1=${ks%% *}
+ks=${KS:-6 4}; k1=${ks%% *}  # 6: the shipped (parallel) drafter's default; give KS=4 for a chained one
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/gpu.txt"
 # bench_speculative on the default model and the drafter; each part adds its own arguments
 spec=(python3 benchmarks/bench_speculative.py --target models/default --drafter "$drafter" --audio "$audio"/*
