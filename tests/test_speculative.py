@@ -66,36 +66,32 @@ def target(tiny_ckpt):
     return model, load_tokenizer(path)
 
 
-@pytest.fixture(scope="module")
-def trained(target, tmp_path_factory):
+def _distil(target, tmp_path_factory, name: str, **kinds) -> EagleModel:
+    """A drafter distilled briefly from the tiny target on SEEN (`kinds`: parallel=True or two_pass=True)."""
     model, _ = target
-    out = tmp_path_factory.mktemp("drafter")
+    out = tmp_path_factory.mktemp(name)
+    unroll = 4 if kinds else 2
     with single_thread():  # module fixtures run outside the per-test one_thread
-        train_drafter(model, SEEN, out, TrainConfig(steps=60, batch=8, seq_len=64, lr=3e-3, unroll=2,
-                                                    log_every=1000), eval_audios=[])
+        train_drafter(model, SEEN, out, TrainConfig(steps=60, batch=8, seq_len=64, lr=3e-3, unroll=unroll,
+                                                    log_every=1000, **kinds), eval_audios=[])
     return load_drafter(out, target_embedding=model.language_model.embed_tokens.weight)
 
 
 @pytest.fixture(scope="module")
+def trained(target, tmp_path_factory):
+    return _distil(target, tmp_path_factory, "drafter")
+
+
+@pytest.fixture(scope="module")
 def trained_parallel(target, tmp_path_factory):
-    model, _ = target
-    out = tmp_path_factory.mktemp("parallel_drafter")
-    with single_thread():
-        train_drafter(model, SEEN, out, TrainConfig(steps=60, batch=8, seq_len=64, lr=3e-3, unroll=4, parallel=True,
-                                                    log_every=1000), eval_audios=[])
-    d = load_drafter(out, target_embedding=model.language_model.embed_tokens.weight)
+    d = _distil(target, tmp_path_factory, "parallel_drafter", parallel=True)
     assert type(d) is ParallelEagleDrafter
     return d
 
 
 @pytest.fixture(scope="module")
 def trained_two_pass(target, tmp_path_factory):
-    model, _ = target
-    out = tmp_path_factory.mktemp("two_pass_drafter")
-    with single_thread():
-        train_drafter(model, SEEN, out, TrainConfig(steps=60, batch=8, seq_len=64, lr=3e-3, unroll=4, two_pass=True,
-                                                    log_every=1000), eval_audios=[])
-    d = load_drafter(out, target_embedding=model.language_model.embed_tokens.weight)
+    d = _distil(target, tmp_path_factory, "two_pass_drafter", two_pass=True)
     assert type(d) is TwoPassEagleDrafter
     return d
 
@@ -582,32 +578,52 @@ def test_draft_steps_get_their_own_audio(target, monkeypatch):
         assert st.spec_acceptance_rate < 0.3, shift
 
 
-class ParallelSpy(ParallelEagleDrafter):
-    """Records, for each drafter pass, the input ids, audio rows, hidden rows and positions."""
+@dataclasses.dataclass
+class DrafterPass:
+    second: bool  # a two-pass drafter's second pass
+    ids: torch.Tensor
+    audio: torch.Tensor | None
+    hidden: torch.Tensor
+    positions: torch.Tensor
+    out: torch.Tensor
 
-    passes: list
+
+class PassRecorder:
+    """Mixin for a drafter class: records every pass (`DrafterPass`) in `passes`."""
+
+    passes: list[DrafterPass]
+    second: bool = False
 
     def embed_input_ids(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):
         self._last = (input_ids.clone(), None if multimodal_embeddings is None else multimodal_embeddings.clone())
         return super().embed_input_ids(input_ids, multimodal_embeddings, is_multimodal=is_multimodal)
 
     def forward(self, inputs_embeds, hidden, positions, t_cond, backend):
-        self.passes.append((*self._last, hidden[0].clone(), positions[0].clone()))
-        return super().forward(inputs_embeds, hidden, positions, t_cond, backend)
+        out = super().forward(inputs_embeds, hidden, positions, t_cond, backend)
+        self.passes.append(DrafterPass(self.second, *self._last, hidden[0].clone(), positions[0].clone(),
+                                       out[0].clone()))
+        return out
 
 
-def _parallel_rows_audio_errors(model, tok, monkeypatch, shift: int = 0) -> tuple[int, float, int]:
-    """Runs one stream offline with a spying parallel drafter. Returns (draft rows seen, largest
-    difference between a draft row's audio and the target's audio embedding at that row's position,
-    draft rows whose hidden input was not zeros)."""
+class ParallelSpy(PassRecorder, ParallelEagleDrafter):
+    pass
+
+
+class TwoPassSpy(PassRecorder, TwoPassEagleDrafter):
+    pass
+
+
+def _spied_offline_run(model, tok, d: PassRecorder, monkeypatch, shift: int) -> torch.Tensor:
+    """One stream offline (UNSEEN[1], k = 4) with the spying drafter `d`, its look-ahead gather shifted by
+    `shift`, and the stash's padding rows dirty (graph padding rows write there: they may hold anything).
+    Checks the output is lossless; returns the target's audio embedding of every position."""
     if shift:
         _shift_audio_gather(monkeypatch, shift)
     clip = UNSEEN[1]
-    d = ParallelSpy(DrafterConfig.for_target(model.config)).eval().tie_to(model.language_model.embed_tokens.weight)
     d.passes = []
     init = Speculator.__init__
 
-    def with_dirty_padding_rows(self, *args, **kwargs):  # graph padding rows write there: they may hold anything
+    def with_dirty_padding_rows(self, *args, **kwargs):
         init(self, *args, **kwargs)
         self.stash[self.pad_stash: self.pad_stash + self.k + 1] = 1.0
 
@@ -617,14 +633,21 @@ def _parallel_rows_audio_errors(model, tok, monkeypatch, shift: int = 0) -> tupl
     assert run.results[0].token_ids == reference(model, tok, clip)
     delay = model.config.delay_tokens()
     tokens = model.config.prompt_ids(delay) + run.results[0].token_ids
-    audio, _ = teacher_forced(model, clip, tokens, delay)  # the target's audio embedding of every position
+    return teacher_forced(model, clip, tokens, delay)[0]
+
+
+def _parallel_rows_audio_errors(model, tok, monkeypatch, shift: int = 0) -> tuple[int, float, int]:
+    """Runs one stream offline with a spying parallel drafter. Returns (draft rows seen, largest
+    difference between a draft row's audio and the target's audio embedding at that row's position,
+    draft rows whose hidden input was not zeros)."""
+    d = ParallelSpy(DrafterConfig.for_target(model.config)).eval().tie_to(model.language_model.embed_tokens.weight)
+    audio = _spied_offline_run(model, tok, d, monkeypatch, shift)
     rows, worst, nonzero_hidden = 0, 0.0, 0
-    for ids, mm, hid, pos in d.passes:
-        is_draft = ids == d.mask_token_id
-        for r in torch.nonzero(is_draft).flatten().tolist():
+    for ps in d.passes:
+        for r in torch.nonzero(ps.ids == d.mask_token_id).flatten().tolist():
             rows += 1
-            worst = max(worst, float((mm[r] - audio[int(pos[r])]).abs().max()))
-            nonzero_hidden += int(bool(hid[r].any()))
+            worst = max(worst, float((ps.audio[r] - audio[int(ps.positions[r])]).abs().max()))
+            nonzero_hidden += int(bool(ps.hidden[r].any()))
     return rows, worst, nonzero_hidden
 
 
@@ -690,23 +713,6 @@ def test_parallel_draft_rows_get_their_own_audio_and_no_hidden_state(target, mon
         assert worst > 1e-2, shift
 
 
-class TwoPassSpy(TwoPassEagleDrafter):
-    """Records every drafter pass: whether it is a second pass, input ids, audio rows, hidden rows,
-    positions and outputs."""
-
-    passes: list
-    second: bool = False
-
-    def embed_input_ids(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):
-        self._last = (input_ids.clone(), None if multimodal_embeddings is None else multimodal_embeddings.clone())
-        return super().embed_input_ids(input_ids, multimodal_embeddings, is_multimodal=is_multimodal)
-
-    def forward(self, inputs_embeds, hidden, positions, t_cond, backend):
-        out = super().forward(inputs_embeds, hidden, positions, t_cond, backend)
-        self.passes.append((self.second, *self._last, hidden[0].clone(), positions[0].clone(), out[0].clone()))
-        return out
-
-
 def _two_pass_rows_errors(model, tok, monkeypatch, shift: int = 0) -> dict[str, float]:
     """Runs one stream offline with a spying two-pass drafter (random weights, a non-zero mask
     embedding). Returns, over the second passes' rows: how many there were, the largest difference
@@ -714,15 +720,11 @@ def _two_pass_rows_errors(model, tok, monkeypatch, shift: int = 0) -> dict[str, 
     a non-zero hidden input, and, for the first row after p, the largest difference between its
     hidden input and the catch-up pass's output at p, and how many of its tokens were not that
     output's draft."""
-    if shift:
-        _shift_audio_gather(monkeypatch, shift)
-    clip = UNSEEN[1]
     torch.manual_seed(3)
     d = TwoPassSpy(DrafterConfig.for_target(model.config)).eval()
     with torch.no_grad():
         d.mask_embedding.normal_(0.0, 0.5)
     d.tie_to(model.language_model.embed_tokens.weight)
-    d.passes = []
     orig = Speculator._second_pass
 
     def flagged(self, s, g_first):
@@ -731,29 +733,24 @@ def _two_pass_rows_errors(model, tok, monkeypatch, shift: int = 0) -> dict[str, 
         self.drafter.second = False
 
     monkeypatch.setattr(Speculator, "_second_pass", flagged)
-    run = transcribe_batch(model, tok, [clip], opts=RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=False),
-                           speculative=SpeculativeConfig(d, num_speculative_tokens=4))
-    assert run.results[0].token_ids == reference(model, tok, clip)
-    delay = model.config.delay_tokens()
-    tokens = model.config.prompt_ids(delay) + run.results[0].token_ids
-    audio, _ = teacher_forced(model, clip, tokens, delay)  # the target's audio embedding of every position
+    audio = _spied_offline_run(model, tok, d, monkeypatch, shift)
     res = {"rows": 0, "audio": 0.0, "mask_hidden": 0, "first_rows": 0, "first_hidden": 0.0, "first_token": 0}
     catchup = None
-    for second, ids, mm, hid, pos, out in d.passes:
-        if not second:
-            catchup = (pos, out)
+    for ps in d.passes:
+        if not ps.second:
+            catchup = ps
             continue
-        for r in torch.nonzero(pos >= 0).flatten().tolist():
-            q = int(pos[r])
+        for r in torch.nonzero(ps.positions >= 0).flatten().tolist():
+            q = int(ps.positions[r])
             res["rows"] += 1
-            res["audio"] = max(res["audio"], float((mm[r] - audio[q]).abs().max()))
-            if ids[r] == d.mask_token_id:
-                res["mask_hidden"] += int(bool(hid[r].any()))
+            res["audio"] = max(res["audio"], float((ps.audio[r] - audio[q]).abs().max()))
+            if ps.ids[r] == d.mask_token_id:
+                res["mask_hidden"] += int(bool(ps.hidden[r].any()))
                 continue
-            at_p = int(torch.nonzero(catchup[0] == q - 1).flatten()[0])  # the catch-up row of position p
+            at_p = int(torch.nonzero(catchup.positions == q - 1).flatten()[0])  # the catch-up row of position p
             res["first_rows"] += 1
-            res["first_hidden"] = max(res["first_hidden"], float((hid[r] - catchup[1][at_p]).abs().max()))
-            res["first_token"] += int(ids[r] != d.logits(catchup[1][at_p]).argmax())
+            res["first_hidden"] = max(res["first_hidden"], float((ps.hidden[r] - catchup.out[at_p]).abs().max()))
+            res["first_token"] += int(ps.ids[r] != d.logits(catchup.out[at_p]).argmax())
     return res
 
 
@@ -826,23 +823,16 @@ def test_drafter_checkpoint_roundtrip_and_strictness(target, tmp_path):
     # a text-only drafter keeps its (undeclared) class through a save/load
     save_drafter(EagleModel(d.config), tmp_path / "text")
     assert type(load_drafter(tmp_path / "text")) is EagleModel
-    # a parallel drafter keeps its class and its mask embedding; a chained checkpoint misses that tensor
-    par = ParallelEagleDrafter(d.config)
-    with torch.no_grad():
-        par.mask_embedding.normal_()
-    save_drafter(par, tmp_path / "par")
-    back = load_drafter(tmp_path / "par", target_embedding=emb)
-    assert type(back) is ParallelEagleDrafter and torch.equal(back.mask_embedding, par.mask_embedding)
-    with pytest.raises(CheckpointError, match=r"missing tensors \(1\): mask_embedding"):
-        load_drafter(broken("to_par", edit_config=lambda m: m.update(architecture="ParallelEagleDrafter")))
-    two = TwoPassEagleDrafter(d.config)
-    with torch.no_grad():
-        two.mask_embedding.normal_()
-    save_drafter(two, tmp_path / "two")
-    back = load_drafter(tmp_path / "two", target_embedding=emb)
-    assert type(back) is TwoPassEagleDrafter and torch.equal(back.mask_embedding, two.mask_embedding)
-    with pytest.raises(CheckpointError, match=r"missing tensors \(1\): mask_embedding"):
-        load_drafter(broken("to_two", edit_config=lambda m: m.update(architecture="TwoPassEagleDrafter")))
+    # a parallel or two-pass drafter keeps its class and its mask embedding; a chained checkpoint misses that tensor
+    for cls in (ParallelEagleDrafter, TwoPassEagleDrafter):
+        masked = cls(d.config)
+        with torch.no_grad():
+            masked.mask_embedding.normal_()
+        save_drafter(masked, tmp_path / cls.__name__)
+        back = load_drafter(tmp_path / cls.__name__, target_embedding=emb)
+        assert type(back) is cls and torch.equal(back.mask_embedding, masked.mask_embedding)
+        with pytest.raises(CheckpointError, match=r"missing tensors \(1\): mask_embedding"):
+            load_drafter(broken(f"to_{cls.__name__}", edit_config=lambda m, c=cls: m.update(architecture=c.__name__)))
 
 
 class TruthyParallel(EagleDrafter):
