@@ -2,7 +2,7 @@
 
     python benchmarks/bench_speculative.py --target DIR --drafter DIR [--audio FILES...] --out bench_spec.json
         [--k 4] [--batches 1 16 64] [--clip-seconds 60] [--text-only-drafter DIR] [--device cuda --dtype bf16]
-        [--repeats 3] [--skip-flush]
+        [--repeats 3] [--skip-flush] [--tree-nodes M]
 
 S1  offline transcription (every clip pushed whole and finished, the engine driven flat out) at
     each batch size, without and with speculation: wall time, real-time factor, speed-up, steps,
@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--audio", nargs="*", default=[])
     ap.add_argument("--out", default="bench_speculative.json")
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--tree-nodes", type=int, default=None,
+                    help="tree verification: the target checks the drafter's M best nodes per round (parallel drafters)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--clip-seconds", type=float, default=60.0)
     ap.add_argument("--flush-clip-seconds", type=float, default=10.0)
@@ -187,11 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = load_model_and_tokenizer(args.target, device=args.device, dtype=dtype)
     emb = model.language_model.embed_tokens.weight
     drafter = load_drafter(args.drafter, target_embedding=emb, device=args.device, dtype=dtype)
-    spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k)
+    spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k, tree_nodes=args.tree_nodes)
     rate = model.config.audio.sampling_rate
     graphs = not args.no_cuda_graphs
     report: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
-                    "target": args.target, "drafter": args.drafter, "k": args.k, "dtype": str(dtype),
+                    "target": args.target, "drafter": args.drafter, "k": args.k, "tree_nodes": args.tree_nodes,
+                    "dtype": str(dtype),
                     "cuda_graphs": graphs, "clip_seconds": args.clip_seconds, "offline": {}, "flush": {}}
 
     for b in args.batches:

@@ -53,13 +53,14 @@ def write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, num_heads,
 
 @triton.jit
 def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr,
+                           root_ptr, tslot_ptr,
                            num_tokens, window, table_width, scale_log2,
                            stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                           stride_bt, stride_ot, stride_oh, stride_seq, stride_pos,
+                           stride_bt, stride_ot, stride_oh, stride_seq, stride_pos, stride_tslot,
                            HQ: tl.constexpr, GROUP: tl.constexpr, RUN: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                           IEEE: tl.constexpr):
+                           IEEE: tl.constexpr, HAS_TREE: tl.constexpr):
     run = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -97,11 +98,19 @@ def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_pt
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = bt_ptr + run_seq.to(tl.int64) * stride_bt  # only dereferenced when the run has queries
+    if HAS_TREE:  # RUN == 1: the program's one token; keys after its root come from its own slot list
+        root = tl.load(root_ptr + run).to(tl.int32)
+        tslot_row = tslot_ptr + run.to(tl.int64) * stride_tslot
     for kstart in range(start, end, BLOCK_N):
         kpos = kstart + tl.arange(0, BLOCK_N)
         k_in = kpos < end
         phys = tl.load(bt_row + (kpos // BLOCK_SIZE) % table_width, mask=k_in, other=0).to(tl.int64)
         in_blk = kpos % BLOCK_SIZE
+        if HAS_TREE:
+            in_tree = k_in & (root >= 0) & (kpos > root)
+            tslot = tl.load(tslot_row + (kpos - root - 1), mask=in_tree, other=0).to(tl.int64)
+            phys = tl.where(in_tree, tslot // BLOCK_SIZE, phys)
+            in_blk = tl.where(in_tree, tslot % BLOCK_SIZE, in_blk)
         kmask = k_in[:, None] & d_in[None, :]
         k = tl.load(k_ptr + (phys * stride_kb + in_blk * stride_ks + kvh * stride_kh)[:, None] + d[None, :],
                     mask=kmask, other=0.0)
@@ -211,7 +220,8 @@ def choose_num_splits(num_runs: int, kv_heads: int, max_keys: int | None, device
 def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor,
                            window: int | None, scale: float, out: torch.Tensor, *, tokens_per_run: int,
-                           num_splits: int | None) -> None:
+                           num_splits: int | None, tree_root: torch.Tensor | None = None,
+                           tree_slots: torch.Tensor | None = None) -> None:
     t, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     if t == 0:
@@ -242,13 +252,15 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     with _device_ctx(q):
         paged_attention_kernel[(num_runs, hkv, num_splits)](
             q, k_cache, v_cache, block_tables, seq_ids, q_pos, out, ws_acc, ws_m, ws_l,
+            q_pos if tree_root is None else tree_root, q_pos if tree_slots is None else tree_slots,
             t, int(window or 0), block_tables.shape[1], float(scale) * 1.4426950408889634,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             block_tables.stride(0), out.stride(0), out.stride(1), seq_ids.stride(0), q_pos.stride(0),
+            0 if tree_slots is None else tree_slots.stride(0),
             HQ=hq, GROUP=group, RUN=run, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_D=block_d,
             BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_WINDOW=has_window, IEEE=q.dtype == torch.float32,
-            num_warps=num_warps, num_stages=2)
+            HAS_TREE=tree_root is not None, num_warps=num_warps, num_stages=2)
         if num_splits > 1:
             combine_splits_kernel[(t, hq)](
                 ws_acc, ws_m, ws_l, out, out.stride(0), out.stride(1),

@@ -138,7 +138,8 @@ def _output_and_max_position(q: torch.Tensor, q_pos: torch.Tensor, out: torch.Te
 def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor,
                               window: int | None, scale: float, out: torch.Tensor | None = None, *,
-                              chunk_elems: int = 1 << 25) -> torch.Tensor:
+                              chunk_elems: int = 1 << 25, tree_root: torch.Tensor | None = None,
+                              tree_slots: torch.Tensor | None = None) -> torch.Tensor:
     """Definition of `paged_attention` in plain torch (tests hold the other implementations to it).
 
     For each query token it gathers the keys at positions p, p-1, ..., p-L+1 through the ring
@@ -169,6 +170,13 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         seq = torch.where(is_query, seq_ids[sl].long(), 0)
         phys = block_tables[seq[:, None], (key_pos // block_size) % width].long()
         off = key_pos % block_size
+        if tree_root is not None:  # keys after a token's root come from its own slot list
+            root = tree_root[sl].long()[:, None]
+            in_tree = (root >= 0) & (key_pos > root) & valid
+            idx = (key_pos - root - 1).clamp(0, tree_slots.shape[1] - 1)
+            tslot = tree_slots[sl].long().gather(1, idx)
+            phys = torch.where(in_tree, tslot // block_size, phys)
+            off = torch.where(in_tree, tslot % block_size, off)
         mask4 = valid[:, :, None, None]
         # where(), not a product: never-read slots may hold NaN/inf and must not leak in.
         keys = torch.where(mask4, k_cache[phys, off].to(compute), 0.0)  # [n, L, Hkv, D]
@@ -257,7 +265,8 @@ def paged_attention_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None, scale: float,
                     out: torch.Tensor | None = None, *, tokens_per_run: int = 1, num_splits: int | None = None,
-                    backend: str = "auto") -> torch.Tensor:
+                    backend: str = "auto", tree_root: torch.Tensor | None = None,
+                    tree_slots: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of T query tokens (several sequences, flattened) over their paged caches.
 
     q: [T, Hq, D] (RoPE applied); seq_ids: [T] row of `block_tables` per token; q_pos: [T] absolute
@@ -273,10 +282,29 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     num_splits: key-range splits per (run, kv head) for the Triton path (None: chosen from the
     shapes and the GPU's SM count so that small batches still fill the GPU; being shape-only, the
     choice is the same at capture and replay of a CUDA graph).
+
+    tree_root [T] / tree_slots [T, U] (tree verification; together, with tokens_per_run 1): a token
+    whose root r >= 0 reads its keys at positions r+1 .. q_pos (at most U of them) from the cache slots
+    `tree_slots[t, position - r - 1]` instead of through the ring: the keys its draft-tree ancestors
+    (and itself) wrote where siblings at the same position cannot collide. Positions <= r, and tokens
+    with r < 0, read the ring as usual.
     """
     _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
     if tokens_per_run < 1:
         raise ValueError(f"tokens_per_run must be >= 1, got {tokens_per_run}")
+    if (tree_root is None) != (tree_slots is None):
+        raise ValueError("tree_root and tree_slots come together")
+    if tree_root is not None:
+        if tokens_per_run != 1:
+            raise ValueError("tree verification reads keys per token: tokens_per_run must be 1")
+        check_index_tensor("tree_root", tree_root, q.shape[0], q.device)
+        if tree_slots.dim() != 2 or tree_slots.shape[0] != q.shape[0] or tree_slots.device != q.device:
+            raise ValueError(f"tree_slots must be [T, U] on q's device, got {tuple(tree_slots.shape)}")
+        if tree_slots.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"tree_slots must be int32/int64, got {tree_slots.dtype}")
+        if not use_triton(backend, q.device):
+            return paged_attention_reference(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, scale, out,
+                                             tree_root=tree_root, tree_slots=tree_slots)
     if not use_triton(backend, q.device):
         return paged_attention_runs(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, scale, out,
                                     tokens_per_run=tokens_per_run)
@@ -285,5 +313,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if out is None:
         out = torch.empty_like(q)
     launch_paged_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, scale, out,
-                           tokens_per_run=tokens_per_run, num_splits=num_splits)
+                           tokens_per_run=tokens_per_run, num_splits=num_splits, tree_root=tree_root,
+                           tree_slots=tree_slots)
     return out

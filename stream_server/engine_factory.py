@@ -21,16 +21,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu", dtype: str | None = None,
                  max_streams: int = 64, cuda_graphs: bool = True, max_session_seconds: float | None = None,
                  kv_memory_fraction: float = 0.9, drafter: str | None = None,
-                 num_speculative_tokens: int | None = None) -> TranscriptionEngine:
+                 num_speculative_tokens: int | None = None, tree_nodes: int | None = None) -> TranscriptionEngine:
     """Load `model` (a folder or "default") and wrap it in the engine `kind` (not started).
-    `num_speculative_tokens` None: the drafter's kind decides (`default_num_speculative_tokens`)."""
+    `num_speculative_tokens` None: the drafter's kind decides (`default_num_speculative_tokens`);
+    `tree_nodes`: tree verification of that many draft nodes per round (parallel drafters)."""
     if kind not in ENGINES:
         raise ValueError(f"unknown engine {kind!r} (available: {', '.join(ENGINES)})")
     torch_dtype = DTYPES[dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
     net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
     logger.info("loaded model %s on %s (%s)", model, device, torch_dtype)
     if kind == "sequential":
-        if drafter is not None:
+        if drafter is not None or tree_nodes is not None:
             raise ValueError("--drafter needs the batched engine")
         from realtime.sequential_engine import SequentialEngine
 
@@ -52,6 +53,8 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
                 opts = RunnerOptions(max_streams=max(1, fit), max_batch=max(1, fit), cuda_graphs=cuda_graphs,
                                      max_session_seconds=max_session_seconds)
         speculative = None
+        if tree_nodes is not None and drafter is None:
+            raise ValueError("--tree-nodes needs --drafter (a parallel drafter)")
         if drafter is not None:  # lossless speculation for backlogged streams (catch-up, flush, files)
             from realtime.engine.speculation import SpeculativeConfig
             from speculative.capability import default_num_speculative_tokens
@@ -60,7 +63,8 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
             eagle = load_drafter(drafter, target_embedding=net.language_model.embed_tokens.weight,
                                  device=net.device, dtype=net.dtype)
             k = default_num_speculative_tokens(eagle) if num_speculative_tokens is None else num_speculative_tokens
-            logger.info("drafter %s, %d draft tokens per round", type(eagle).__name__, k)
-            speculative = SpeculativeConfig(eagle, num_speculative_tokens=k)
+            logger.info("drafter %s, %d draft tokens per round%s", type(eagle).__name__, k,
+                        f", a tree of {tree_nodes} nodes" if tree_nodes else "")
+            speculative = SpeculativeConfig(eagle, num_speculative_tokens=k, tree_nodes=tree_nodes)
         return BatchedEngine(net, tokenizer, opts=opts, model_name=model_name, speculative=speculative)
     raise AssertionError(kind)  # unreachable: checked above

@@ -174,6 +174,73 @@ def dense_attention(case: dict) -> torch.Tensor:
     return out
 
 
+def make_tree_case(seed: int, dtype: torch.dtype, *, window: int | None = 12, device: str = "cpu") -> dict:
+    """Tree verification's view of the cache: sequence s holds positions up to its root p_s in its ring
+    (positions after it are NaN there), and a draft tree whose nodes' keys sit in spare blocks (slots no
+    ring uses). Rows: each root, each node (q_pos = root + depth, tree_root = root, tree_slots = the
+    slots of its ancestors at depths 1.., itself last), padding rows and a row of a sequence without a
+    tree (tree_root -1). `nodes` gives each row's ancestors' keys and values, for `dense_tree_attention`."""
+    roots, bs = [21, 9], 4
+    case = make_paged_case(seed, hq=4, hkv=2, d=16, block_size=bs, window=window, last=roots + [30], q_lens=[1, 1, 1],
+                           dtype=dtype, pad_rows=0, spare_blocks=6)
+    k_cache, v_cache, tables = case["k_cache"], case["v_cache"], case["block_tables"]
+    used = set(tables.flatten().tolist())
+    spare = [b for b in range(k_cache.shape[0]) if b not in used]
+    free_slots = [b * bs + o for b in spare for o in range(bs)]
+    g = torch.Generator().manual_seed(seed + 1)
+    parents = [-1, -1, 0, 0, 2, 1]  # nodes 0, 1 at depth 1; 2, 3 under 0; 4 under 2; 5 under 1
+    rows, depth_cap = [], 4
+    for s, p in enumerate(roots):
+        chains, kv = [], []
+        for n, par in enumerate(parents):
+            slot = free_slots.pop(int(torch.randint(len(free_slots), (1,), generator=g)))
+            k = torch.randn(2, 16, generator=g).to(dtype)
+            v = torch.randn(2, 16, generator=g).to(dtype)
+            k_cache.view(-1, 2, 16)[slot], v_cache.view(-1, 2, 16)[slot] = k, v
+            chain = ([] if par < 0 else chains[par]) + [slot]
+            chain_kv = ([] if par < 0 else kv[par]) + [(k, v)]
+            chains.append(chain)
+            kv.append(chain_kv)
+            rows.append(dict(seq=s, pos=p + len(chain), root=p, slots=chain, kv=chain_kv))
+        rows.append(dict(seq=s, pos=p, root=p, slots=[], kv=[]))  # the root row itself
+    rows.append(dict(seq=2, pos=30, root=-1, slots=[], kv=[]))  # no tree: the ring as usual
+    rows += [dict(seq=-1, pos=-1, root=-1, slots=[], kv=[])] * 2
+    order = torch.randperm(len(rows), generator=g).tolist()
+    rows = [rows[i] for i in order]
+    q = torch.randn(len(rows), 4, 16, generator=g).to(dtype)
+    tslots = torch.full((len(rows), depth_cap), -7, dtype=torch.int64)  # never read past a row's depth
+    for i, r in enumerate(rows):
+        tslots[i, : len(r["slots"])] = torch.tensor(r["slots"], dtype=torch.int64)
+    dev = {k: v.to(device) for k, v in dict(
+        q=q, k_cache=k_cache, v_cache=v_cache, block_tables=tables,
+        seq_ids=torch.tensor([max(r["seq"], 0) for r in rows], dtype=torch.int32),
+        q_pos=torch.tensor([r["pos"] for r in rows], dtype=torch.int32),
+        tree_root=torch.tensor([r["root"] for r in rows], dtype=torch.int32), tree_slots=tslots).items()}
+    return dict(dev, window=window, scale=16 ** -0.5, hist=case["hist"], rows=rows)
+
+
+def dense_tree_attention(case: dict) -> torch.Tensor:
+    """Float64 definition: a row's keys are its sequence's history up to the root (window applied)
+    followed by its ancestors' keys at root+1 .. q_pos; a row without a tree sees its history."""
+    q, window, scale = case["q"].cpu(), case["window"], case["scale"]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for i, r in enumerate(case["rows"]):
+        if r["pos"] < 0:
+            continue
+        ring_lo, keys, vals = case["hist"][r["seq"]]
+        top = r["root"] if r["root"] >= 0 else r["pos"]
+        key_pos = torch.arange(ring_lo, top + 1)
+        k = torch.cat([keys[: len(key_pos)].double()] + [kk[None].double() for kk, _ in r["kv"]])
+        v = torch.cat([vals[: len(key_pos)].double()] + [vv[None].double() for _, vv in r["kv"]])
+        key_pos = torch.cat([key_pos, torch.arange(top + 1, top + 1 + len(r["kv"]))])
+        allowed = key_pos > r["pos"] - window if window else torch.ones(len(key_pos), dtype=torch.bool)
+        group = q.shape[1] // k.shape[1]
+        scores = torch.einsum("hd,nhd->hn", q[i].double(), k.repeat_interleave(group, 1)) * scale
+        scores = scores.masked_fill(~allowed[None], float("-inf"))
+        out[i] = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), v.repeat_interleave(group, 1))
+    return out
+
+
 # LM-like (GQA), encoder-like (no GQA, 4 queries), verify-like (5 queries), no window, tiny blocks.
 PAGED_CASES: dict[str, dict] = {
     "gqa_window_smaller_than_history": dict(hq=8, hkv=2, d=32, block_size=4, window=12, last=[40, 7, 100],
@@ -348,6 +415,23 @@ def test_paged_attention_reference_all_padding_and_empty() -> None:
     assert empty.shape == (0,) + case["q"].shape[1:]
 
 
+@pytest.mark.parametrize("window", [12, None])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_paged_attention_tree_rows_read_their_ancestors(window: int | None, dtype: torch.dtype) -> None:
+    """tree_root/tree_slots: each node row sees its sequence up to the root and then exactly its own
+    ancestors' keys (siblings' keys and the ring's NaN slots after the root never leak in)."""
+    case = make_tree_case(5, dtype, window=window)
+    out = paged_attention(*attention_args(case), tree_root=case["tree_root"], tree_slots=case["tree_slots"])
+    assert torch.isfinite(out).all()
+    rel = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    assert_attention_close(out, dense_tree_attention(case).to(out.dtype), rel=rel)
+    with pytest.raises(ValueError, match="come together"):
+        paged_attention(*attention_args(case), tree_root=case["tree_root"])
+    with pytest.raises(ValueError, match="tokens_per_run must be 1"):
+        paged_attention(*attention_args(case), tree_root=case["tree_root"], tree_slots=case["tree_slots"],
+                        tokens_per_run=2)
+
+
 def test_paged_attention_rejects_bad_inputs() -> None:
     case = make_paged_case(1, dtype=torch.float32, **PAGED_CASES["no_window"])
     args = list(attention_args(case))
@@ -435,6 +519,16 @@ def _attention_check(name: str, dtype: torch.dtype, *, run_len: int | None = Non
     return check
 
 
+def _tree_check(num_splits: int) -> Callable[[], None]:
+    def check() -> None:
+        case = make_tree_case(9, torch.float32)
+        out = paged_attention(*attention_args(case), tree_root=case["tree_root"], tree_slots=case["tree_slots"],
+                              num_splits=num_splits, backend="triton")
+        assert torch.isfinite(out).all()
+        assert_attention_close(out, dense_tree_attention(case).float(), rel=1e-5)
+    return check
+
+
 def _run_contract_violation_check() -> None:
     """A run mixing two sequences reports NaN on the rows of the odd one out, never wrong numbers."""
     case = make_paged_case(3, dtype=torch.float32, **PAGED_CASES["encoder_like"])
@@ -466,6 +560,8 @@ INTERPRETER_CHECKS: dict[str, Callable[[], None]] = {
     "attn_encoder_runs_fp16": _attention_check("encoder_like", torch.float16, run_len=4),
     "attn_head_dim_24_fp32": _attention_check("gqa_window_smaller_than_history", torch.float32, d=24),
     "attn_run_contract_violation": _run_contract_violation_check,
+    "attn_tree_fp32": _tree_check(1),
+    "attn_tree_splits_fp32": _tree_check(3),
 }
 # Filled in the subprocess with the real references before the dispatch copies are disabled.
 _REFERENCES: dict[str, Callable] = {}

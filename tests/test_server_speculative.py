@@ -33,15 +33,34 @@ def test_the_drafters_kind_sets_the_default_number_of_drafts(ckpt, tmp_path, cls
     assert eng.speculator.k == 3
 
 
-@pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter])
-async def test_vllm_utterances_with_a_drafter(ckpt, tmp_path, start_server, reference, cls):
-    """A chained and a parallel drafter (`--drafter DIR`, its class from its checkpoint), k = 6."""
+def test_tree_verification_settings_in_the_engine_factory(ckpt, tmp_path):
+    """`--tree-nodes M`: a tree of M drafts for a parallel drafter; refused without a drafter or with a
+    chained one, before the service starts."""
+    model, _ = load_model_and_tokenizer(ckpt)
+    save_drafter(echo_drafter(model, cls=ParallelEagleDrafter), tmp_path / "parallel")
+    save_drafter(echo_drafter(model), tmp_path / "chained")
+    eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "parallel"),
+                       tree_nodes=12)
+    assert len(eng.speculator.tree.paths) == 12 and eng.speculator.verify_rows == 13
+    with pytest.raises(ValueError, match="needs --drafter"):
+        build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, tree_nodes=12)
+    with pytest.raises(ValueError, match="needs a parallel drafter"):
+        build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "chained"),
+                     tree_nodes=12)
+
+
+@pytest.mark.parametrize(("cls", "tree_nodes"), [(EagleDrafter, None), (ParallelEagleDrafter, None),
+                                                 (ParallelEagleDrafter, 12)])
+async def test_vllm_utterances_with_a_drafter(ckpt, tmp_path, start_server, reference, cls, tree_nodes):
+    """A chained and a parallel drafter (`--drafter DIR`, its class from its checkpoint), k = 6; the
+    parallel one also with tree verification (`--tree-nodes 12`)."""
     path = ckpt
     model, _ = load_model_and_tokenizer(path)
     save_drafter(echo_drafter(model, cls=cls), tmp_path / "drafter")
     eng = build_engine("batched", str(path), model_name=MODEL, max_streams=8, drafter=str(tmp_path / "drafter"),
-                       num_speculative_tokens=6)
+                       num_speculative_tokens=6, tree_nodes=tree_nodes)
     assert eng.speculator.parallel is (cls is ParallelEagleDrafter)
+    assert (eng.speculator.tree is not None) is (tree_nodes is not None)
     eng.start()
     try:
         srv = start_server(engine_override=eng)

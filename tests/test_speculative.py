@@ -7,6 +7,8 @@ what an eager prefill of the prompt gave the drafter. Drafters:
   right, on unseen clips mostly wrong, so acceptance is strictly between 0 and 1.
 - `trained_parallel`: the same, as a `ParallelEagleDrafter` (all drafts of a round in one pass).
 - `trained_two_pass`: the same, as a `TwoPassEagleDrafter` (the first draft, then the rest in one pass).
+- `tree`: `trained_parallel` with tree verification (`TreeDrafting`: the target checks the drafter's best
+  5 nodes per round, not one chain).
 - `echo`: constructed so that its prediction depends only on its own position's fused input
   `embed(token) + audio`: fc = [I, 0], layers with zero residual branches, the target's final
   norm. Against a target whose layers are also zeroed it is exactly the target, so acceptance is
@@ -18,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import itertools
 import logging
 
 import numpy as np
@@ -96,13 +99,33 @@ def trained_two_pass(target, tmp_path_factory):
     return d
 
 
-DRAFTER_FIXTURES = {"chained": "trained", "parallel": "trained_parallel", "two_pass": "trained_two_pass"}
+@dataclasses.dataclass(frozen=True)
+class TreeDrafting:
+    """A drafter to run with tree verification of `nodes` nodes per round."""
+
+    drafter: EagleModel
+    nodes: int
+
+
+def spec_config(drafter: EagleModel | TreeDrafting, k: int, **kw) -> SpeculativeConfig:
+    if isinstance(drafter, TreeDrafting):
+        return SpeculativeConfig(drafter.drafter, num_speculative_tokens=k, tree_nodes=drafter.nodes, **kw)
+    return SpeculativeConfig(drafter, num_speculative_tokens=k, **kw)
+
+
+@pytest.fixture(scope="module")
+def tree(trained_parallel):
+    return TreeDrafting(trained_parallel, 5)
+
+
+DRAFTER_FIXTURES = {"chained": "trained", "parallel": "trained_parallel", "two_pass": "trained_two_pass",
+                    "tree": "tree"}
 
 
 @pytest.fixture(params=sorted(DRAFTER_FIXTURES))
 def drafter_kind(request):
-    """Each lossless scenario runs with the chained drafter, the one-pass parallel drafter and the
-    two-pass drafter."""
+    """Each lossless scenario runs with the chained drafter, the one-pass parallel drafter (with chain
+    and with tree verification) and the two-pass drafter."""
     return request.getfixturevalue(DRAFTER_FIXTURES[request.param])
 
 
@@ -155,7 +178,7 @@ def run_scenario(model, tok, drafter, clips, schedules, *, k=4, opts=None, delay
 def run_streams(model, tok, drafter, clips, schedules, *, k=4, opts=None, delays=None, lookahead_chunk=None):
     """`run_scenario` without the reference: (the engine, each stream's tokens); drafter None: no speculation."""
     opts = opts or RunnerOptions(max_streams=len(clips), max_batch=len(clips), cuda_graphs=False)
-    spec = SpeculativeConfig(drafter, num_speculative_tokens=k, lookahead_chunk=lookahead_chunk) if drafter else None
+    spec = spec_config(drafter, k, lookahead_chunk=lookahead_chunk) if drafter else None
     eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
     rec = Recorder()
     delays = delays or [None] * len(clips)
@@ -326,7 +349,9 @@ def test_live_catchup_flush_and_whole_streams_together(target, drafter_kind):
                  SCHEDULES["flush"](clips[2], rng), [clips[3].size]]
     eng, st = run_scenario(model, tok, drafter_kind, clips, schedules, delays=[480, 160, 480, 1200])
     assert_partial_acceptance(st)
-    assert eng.runner.lm_cache.pool.free == eng.runner.lm_cache.pool.num_blocks  # closed: every ring returned
+    pool = eng.runner.lm_cache.pool  # closed: every ring returned (a tree's scratch blocks stay with the engine)
+    assert pool.free == pool.num_blocks - eng.opts.lm_scratch_blocks
+    assert (eng.opts.lm_scratch_blocks > 0) is isinstance(drafter_kind, TreeDrafting)
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])
@@ -334,7 +359,7 @@ def test_offline_batch_equals_sessions(target, drafter_kind, k):
     model, tok = target
     clips = [SEEN[2], UNSEEN[2], SEEN[0][:9000], UNSEEN[0][:700]]
     run = transcribe_batch(model, tok, clips, opts=RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False),
-                           speculative=SpeculativeConfig(drafter_kind, num_speculative_tokens=k))
+                           speculative=spec_config(drafter_kind, k))
     for clip, res in zip(clips, run.results):
         assert res.token_ids == reference(model, tok, clip)
     assert_partial_acceptance(run.stats)
@@ -345,16 +370,20 @@ def test_offline_batch_equals_sessions(target, drafter_kind, k):
         assert run.steps < plain.steps  # accepted drafts save steps
 
 
-@pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter, TwoPassEagleDrafter])
-def test_small_windows_rings_with_speculation(tiny_ckpt, cls):
+@pytest.mark.parametrize(("cls", "tree_nodes"), [(EagleDrafter, None), (ParallelEagleDrafter, None),
+                                                 (TwoPassEagleDrafter, None), (ParallelEagleDrafter, 7)])
+def test_small_windows_rings_with_speculation(tiny_ckpt, cls, tree_nodes):
     """Encoder window 8, LM window 6, drafter window 6, block size 4: every ring wraps many times
     while verify steps write (and roll back) several positions per stream (a parallel drafter's
-    pass writes up to 2k positions per stream: its ring is sized for them)."""
+    pass writes up to 2k positions per stream: its ring is sized for them). With a tree, the
+    context gathered from the ring is the window's last 5 positions, and the commits wrap too."""
     path = tiny_ckpt(seed=1, small_windows=True)
     base, _ = load_model(path)
     tok = load_tokenizer(path)
     model = scaled_target(base, 0.03)
     drafter = echo_drafter(model, cls=cls, window=6)
+    if tree_nodes:
+        drafter = TreeDrafting(drafter, tree_nodes)
     clips = [synthetic_audio(6.0, seed=400), synthetic_audio(4.0, seed=401)]
     opts = RunnerOptions(max_streams=2, max_batch=2, block_size=4, cuda_graphs=False)
     _, st = run_scenario(model, tok, drafter, clips, [[3000] * 100, ([0] * 6 + [12000]) * 20], k=5, opts=opts)
@@ -536,6 +565,15 @@ def test_offline_cli_with_drafter(target, tiny_ckpt, tmp_path, capsys):
         out = capsys.readouterr()
         assert out.out.split("\t", 1)[1].strip() == transcribe(model, tok, UNSEEN[1]).text.strip()
         assert f"speculation (k = {k}): acceptance rate" in out.err
+    # --tree-nodes: a parallel drafter's tree; a chained drafter or no drafter is refused with a message
+    assert main(["--model", str(tiny_ckpt(seed=1)), "--drafter", str(tmp_path / "parallel"), "--tree-nodes", "5",
+                 "--device", "cpu", files[0]]) == 0
+    out = capsys.readouterr()
+    assert out.out.split("\t", 1)[1].strip() == transcribe(model, tok, UNSEEN[1]).text.strip()
+    assert "speculation (k = 6, tree of 5 nodes): acceptance rate" in out.err
+    for extra, msg in ((["--drafter", str(tmp_path / "drafter")], "needs a parallel drafter"), ([], "needs --drafter")):
+        assert main(["--model", str(tiny_ckpt(seed=1)), *extra, "--tree-nodes", "5", "--device", "cpu", files[0]]) == 2
+        assert msg in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -656,8 +694,12 @@ def test_trained_drafters_are_right_on_their_training_clips(target, drafter_kind
     row, or a draft row fed wrong inputs, would not be)."""
     model, tok = target
     run = transcribe_batch(model, tok, SEEN, opts=RunnerOptions(max_streams=3, max_batch=3, cuda_graphs=False),
-                           speculative=SpeculativeConfig(drafter_kind, num_speculative_tokens=4))
-    assert run.stats.spec_drafted > 100 and run.stats.spec_acceptance_rate > 0.9
+                           speculative=spec_config(drafter_kind, 4))
+    st = run.stats
+    if isinstance(drafter_kind, TreeDrafting):  # most of a tree's nodes are alternatives: count paths
+        assert st.spec_rounds > 25 and st.spec_accepted / st.spec_rounds > 0.9 * 4
+    else:
+        assert st.spec_drafted > 100 and st.spec_acceptance_rate > 0.9
 
 
 @pytest.mark.parametrize("kind", ["chained", "parallel", "two_pass"])
@@ -864,9 +906,10 @@ def test_parallel_drafting_is_declared_not_probed(target):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter, TwoPassEagleDrafter])
+@pytest.mark.parametrize(("cls", "tree_nodes"), [(EagleDrafter, None), (ParallelEagleDrafter, None),
+                                                 (TwoPassEagleDrafter, None), (ParallelEagleDrafter, 9)])
 @pytest.mark.parametrize("small_windows", [False, True])
-def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows, cls):
+def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows, cls, tree_nodes):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     path = tiny_ckpt(seed=1, small_windows=small_windows)
@@ -881,7 +924,8 @@ def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows, cl
     outs = {}
     for graphs in (False, True):
         opts = RunnerOptions(max_streams=3, max_batch=3, block_size=16, cuda_graphs=graphs)
-        run = transcribe_batch(model, tok, clips, opts=opts, speculative=SpeculativeConfig(drafter, 4))
+        run = transcribe_batch(model, tok, clips, opts=opts,
+                               speculative=SpeculativeConfig(drafter, 4, tree_nodes=tree_nodes))
         outs[graphs] = [r.token_ids for r in run.results]
         assert run.stats.spec_drafted > 0
     assert outs[True] == outs[False]
@@ -905,3 +949,98 @@ def test_shipped_drafter_speculates_losslessly_on_the_shipped_model():
     spec = transcribe_batch(model, tok, [clip], delay_ms=480, speculative=SpeculativeConfig(drafter, 4))
     assert spec.results[0].token_ids == base.results[0].token_ids
     assert spec.stats.spec_accepted > 0 and spec.steps < base.steps
+
+
+# ---------------------------------------------------------------------------------------------
+# Tree verification (realtime/engine/tree.py)
+# ---------------------------------------------------------------------------------------------
+def test_default_tree_is_the_likeliest_paths_in_order():
+    """Every prefix of the default tree is a tree; its paths are the likeliest under the rank model
+    (checked against every path of depth <= 3 over 6 ranks), likeliest first."""
+    from realtime.engine.tree import DraftTree, default_tree_paths
+
+    first, ratio = 0.6, 0.3
+    like = {}
+    for depth in range(1, 4):
+        for path in np.ndindex(*(6,) * depth):
+            like[path] = float(np.prod([first * ratio ** r for r in path]))
+    for m in (1, 3, 10, 25):
+        paths = default_tree_paths(3, m, first, ratio)
+        assert len(paths) == len(set(paths)) == m
+        for j in range(1, m + 1):
+            DraftTree(paths[:j], 3)  # validates: parents first, depths within k
+        worst_in = min(like[p] for p in paths)
+        assert all(like[p] <= worst_in + 1e-12 for p in like if p not in paths)
+        assert all(like[a] >= like[b] - 1e-12 for a, b in itertools.pairwise(paths))
+    assert default_tree_paths(4, 4) == [(0,), (0, 0), (0, 0, 0), (1,)]
+
+
+def test_tree_layouts_and_walk():
+    """A hand-made tree: the layout of each draft length keeps the paths that fit, parents first, with
+    the right ancestor rows and scratch slots; the walk follows the target's choices and stops at a miss."""
+    from realtime.engine.tree import DraftTree, walk_tree
+
+    tree = DraftTree([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)], 3)
+    assert (tree.ranks, tree.off_chain) == (2, 3)
+    lay = tree.layouts[2]
+    assert lay.depth.tolist() == [1, 1, 2, 2, 2] and lay.rank.tolist() == [0, 1, 0, 1, 0]
+    assert lay.parent_row.tolist() == [0, 0, 1, 1, 2]
+    assert lay.on_chain.tolist() == [True, False, True, False, False]
+    assert lay.scratch.tolist() == [-1, 0, -1, 1, 2]
+    assert lay.ancestor_rows.tolist() == [[1, -1, -1], [2, -1, -1], [1, 3, -1], [1, 4, -1], [2, 5, -1]]
+    assert lay.per_depth == [2, 3, 0] and tree.layouts[0].per_depth == [0, 0, 0]
+    assert tree.layouts[3].per_depth == [2, 3, 1]
+    for bad in ([(0, 0)], [(0,), (0,)], [(0,), (0, 0, 0, 0)], [(-1,)]):
+        with pytest.raises(ValueError, match="tree path"):
+            DraftTree(bad, 3)
+    # rows: root, (0,)=11, (1,)=12, (0,0)=13, (0,1)=14, (1,0)=15 in a block at base 2 of the step
+    tokens = [0, 0, 9, 11, 12, 13, 14, 15]
+    # the target picks 12 after the root, then 15 after (1,): path root, (1,), (1,0)
+    assert walk_tree([0, 0, 12, 0, 15, 0, 0, 7], tokens, 2, lay) == [0, 2, 5]
+    assert walk_tree([0, 0, 11, 14, 0, 0, 0, 0], tokens, 2, lay) == [0, 1, 4]
+    assert walk_tree([0, 0, 99, 0, 0, 0, 0, 0], tokens, 2, lay) == [0]
+
+
+def _demote_argmax(logits_fn):
+    """The drafter's logits with its favourite moved to second place (between the old 2nd and 3rd)."""
+
+    def logits(g):
+        out = logits_fn(g)
+        top = out.topk(3, -1)
+        mid = (top.values[..., 1] + top.values[..., 2]) / 2
+        return out.scatter(-1, top.indices[..., :1], mid[..., None])
+
+    return logits
+
+
+def test_tree_accepts_the_runner_up_that_a_chain_misses(target, monkeypatch):
+    """Against a target without context (its layers zeroed) an echo drafter's first draft is the
+    target's token. With its favourite demoted to second place, a chain's first draft is always wrong;
+    a tree of 4 nodes ((0,), (0, 0), (0, 0, 0), (1,)) holds the runner-up and gets the first draft of every round
+    accepted. Both stay lossless: the runner-up's keys went to a scratch slot and reached the ring
+    through the commit before later rows read them."""
+    model, tok = target
+    zero = scaled_target(model, 0.0)
+    d = echo_drafter(zero, cls=ParallelEagleDrafter)
+    monkeypatch.setattr(d, "logits", _demote_argmax(d.logits))
+    clips = [UNSEEN[1]]
+    stats = {}
+    for name, drafter in (("chain", d), ("tree", TreeDrafting(d, 4))):
+        _, st = run_scenario(zero, tok, drafter, clips, [[clips[0].size]], k=4)
+        stats[name] = st
+    assert stats["chain"].spec_rounds > 20 and stats["chain"].spec_accepted == 0
+    t = stats["tree"]
+    assert t.spec_rounds > 10 and t.spec_accepted_per_position[0] == t.spec_rounds
+
+
+def test_bad_tree_settings(target):
+    model, tok = target
+    opts = RunnerOptions(1, 1, cuda_graphs=False)
+    with pytest.raises(ValueError, match="tree verification needs a parallel drafter.*EagleDrafter"):
+        BatchedEngine(model, tok, opts=opts, speculative=SpeculativeConfig(echo_drafter(model), 4, tree_nodes=4))
+    par = echo_drafter(model, cls=ParallelEagleDrafter)
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="tree_nodes"):
+            BatchedEngine(model, tok, opts=opts, speculative=SpeculativeConfig(par, 4, tree_nodes=bad))
+    with pytest.raises(ValueError, match="exceeds the most a round verifies"):
+        BatchedEngine(model, tok, opts=opts, speculative=SpeculativeConfig(par, 4, tree_nodes=10**6))

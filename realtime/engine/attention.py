@@ -1,7 +1,8 @@
 """Attention backends of the batched engine (the model calls `backend.attend(layer, q, k, v)`).
 
 - `PagedAttention`: a batch of short queries (LM decode: 1 per stream; encoder step: 4 per stream)
-  whose keys/values are written into the paged cache and then read back through the ring tables.
+  whose keys/values are written into the paged cache and then read back through the ring tables
+  (a verify step's draft-tree rows read their ancestors' keys from listed slots instead).
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ from .kv_cache import PagedKVCache
 
 class PagedAttention:
     def __init__(self, cache: PagedKVCache, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                 seq_ids: torch.Tensor, q_pos: torch.Tensor, tokens_per_run: int = 1) -> None:
+                 seq_ids: torch.Tensor, q_pos: torch.Tensor, tokens_per_run: int = 1,
+                 tree_root: torch.Tensor | None = None, tree_slots: torch.Tensor | None = None) -> None:
         """tokens_per_run: the queries come in runs of this many rows of one stream (encoder: the 4
-        frames of an audio token), which lets the kernel read each key block once per run."""
+        frames of an audio token), which lets the kernel read each key block once per run.
+        tree_root/tree_slots: draft-tree rows read their ancestors' keys from listed slots
+        (`kernels.paged_attention`; speculation's tree verification)."""
+        self.tree_root, self.tree_slots = tree_root, tree_slots
         self.cache = cache
         self.slot_mapping, self.block_tables, self.seq_ids, self.q_pos = slot_mapping, block_tables, seq_ids, q_pos
         self.tokens_per_run = tokens_per_run
@@ -28,5 +33,6 @@ class PagedAttention:
         # [1, T, H, D]: the batch is flattened into one row of tokens
         write_kv(self.cache.k[layer], self.cache.v[layer], k[0], v[0], self.slot_mapping)
         out = paged_attention(q[0], self.cache.k[layer], self.cache.v[layer], self.block_tables, self.seq_ids,
-                              self.q_pos, self.window, self.scale, tokens_per_run=self.tokens_per_run)
+                              self.q_pos, self.window, self.scale, tokens_per_run=self.tokens_per_run,
+                              tree_root=self.tree_root, tree_slots=self.tree_slots)
         return out[None]

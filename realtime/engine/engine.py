@@ -191,6 +191,8 @@ class BatchedEngine:
                 if ctl.closed:
                     if ctl.joined:
                         self.runner.release(s.slot)
+                        if self.speculator is not None:
+                            self.speculator.release(s.slot)
                     self._free_slots.append(s.slot)
                     del self._controls[sid]
                     continue

@@ -40,6 +40,7 @@ class RunnerOptions:
     encoder_cache_tokens: int = 8  # audio embeddings kept per stream ahead of the LM
     max_step_tokens: int = 8  # most LM positions one stream runs in a step (speculative verify: k + 1)
     encoder_chunk: int = 1  # most audio tokens per stream per encoder call (speculation raises it)
+    lm_scratch_blocks: int = 0  # LM cache blocks outside every ring (tree verification's scratch)
 
 
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
@@ -81,8 +82,8 @@ class ModelRunner:
             raise ValueError("this model's LM has no sliding window: set max_session_seconds")
         self.enc_cache = PagedKVCache(enc_spec, opts.max_streams * enc_spec.blocks_per_stream(e_pos), opts.max_streams,
                                       e_pos, dev, dt)
-        self.lm_cache = PagedKVCache(lm_spec, opts.max_streams * lm_spec.blocks_per_stream(l_pos), opts.max_streams,
-                                     l_pos, dev, dt)
+        self.lm_cache = PagedKVCache(lm_spec, opts.max_streams * lm_spec.blocks_per_stream(l_pos) + opts.lm_scratch_blocks,
+                                     opts.max_streams, l_pos, dev, dt)
         self.max_tokens = l_pos
         self.mel = LogMel(c.audio)
         conv = model.audio_tower.embedder

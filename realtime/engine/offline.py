@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter", default=None, help="Eagle drafter folder: turns speculative decoding on")
     ap.add_argument("--k", type=int, default=None,
                     help="draft tokens per step (default: 6 for a parallel or two-pass drafter, 4 for a chained one)")
+    ap.add_argument("--tree-nodes", type=int, default=None,
+                    help="verify a tree of this many drafts per round instead of one chain (parallel drafters)")
     ap.add_argument("--delay-ms", type=int, default=None)
     ap.add_argument("--batch", type=int, default=16, help="streams decoded together")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -140,12 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, tok = load_model_and_tokenizer(args.model, device=args.device, dtype=dtype)
         spec = None
+        if args.tree_nodes is not None and not args.drafter:
+            raise ValueError("--tree-nodes needs --drafter (a parallel drafter)")
         if args.drafter:
             drafter = load_drafter(args.drafter, target_embedding=model.language_model.embed_tokens.weight,
                                    device=args.device, dtype=dtype)
             if args.k is None:
                 args.k = default_num_speculative_tokens(drafter)
-            spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k)
+            spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k, tree_nodes=args.tree_nodes)
         audios = [load_audio_file(f, model.config.audio.sampling_rate) for f in args.files]
         n = max(1, min(args.batch, len(audios)))
         opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=not args.no_cuda_graphs,
@@ -161,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{secs:.1f} s of audio in {run.seconds:.2f} s ({secs / max(run.seconds, 1e-9):.1f}x real time), "
           f"{run.steps} steps, {st.tokens_emitted} tokens", file=sys.stderr)
     if spec is not None:
-        print(f"speculation (k = {args.k}): acceptance rate {st.spec_acceptance_rate:.3f}, mean acceptance length "
+        tree = f", tree of {args.tree_nodes} nodes" if args.tree_nodes else ""
+        print(f"speculation (k = {args.k}{tree}): acceptance rate {st.spec_acceptance_rate:.3f}, mean acceptance length "
               f"{st.spec_mean_acceptance_length:.2f}, per position "
               f"{[round(a / d, 3) if d else 0 for a, d in zip(st.spec_accepted_per_position, st.spec_drafted_per_position)]}",
               file=sys.stderr)

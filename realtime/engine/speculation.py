@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from kernels.gather_add import gather_add_embeddings
+from kernels.paged_attention import write_kv
 from speculative.capability import (  # the capability contract (torch-only module)
     drafter_receives_audio,
     supports_parallel_drafting,
@@ -76,11 +77,15 @@ from .model_runner import ModelRunner, RunnerOptions
 from .prompt_prefix import PromptPrefix, PromptPrefixCache, RecordingAttention, streams_by_delay, write_pages
 from .staging import Field, StepMetadata
 from .stream import EngineStream
+from .tree import DraftTree, default_tree_paths, walk_tree
 
 if TYPE_CHECKING:
     from speculative.drafter import EagleModel
 
 logger = logging.getLogger(__name__)
+
+
+MAX_TREE_NODES = 256
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,9 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4  # k: most drafts per stream per step (k + 1 <= max_step_tokens)
     min_buffered_tokens: int = 2  # speculate when at least this many audio tokens are decodable
     lookahead_chunk: int | None = None  # audio tokens per look-ahead encoder call (None: largest allowed)
+    # tree verification (parallel drafters): the target checks this many draft nodes per round, a
+    # static tree of the drafter's likeliest choices at each depth (`tree`), instead of one chain of k
+    tree_nodes: int | None = None
 
     def chunk(self, opts: RunnerOptions) -> int:
         top = chunk_sizes(opts.max_step_tokens)[0]
@@ -107,11 +115,18 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
     if k + 1 > opts.max_step_tokens:
         raise ValueError(f"num_speculative_tokens {k} needs RunnerOptions.max_step_tokens >= {k + 1} "
                          f"(the KV rings are sized for that many positions per step), got {opts.max_step_tokens}")
+    m = cfg.tree_nodes
+    if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+        raise ValueError(f"tree_nodes must be an integer >= 1 or None, got {m!r}")
     if cfg.min_buffered_tokens < 2:
         raise ValueError(f"min_buffered_tokens must be >= 2, got {cfg.min_buffered_tokens}")
     need = 2 * k + cfg.chunk(opts)
     if opts.encoder_cache_tokens < need:
         opts = replace(opts, encoder_cache_tokens=need)
+    if m is not None:  # scratch slots for every stream's nodes off the chain (blocks outside the rings)
+        scratch = opts.max_streams * math.ceil(m / opts.block_size)
+        if opts.lm_scratch_blocks < scratch:
+            opts = replace(opts, lm_scratch_blocks=scratch)
     return opts if opts.encoder_chunk >= cfg.chunk(opts) else replace(opts, encoder_chunk=cfg.chunk(opts))
 
 
@@ -129,10 +144,10 @@ class RealtimeTarget:
 class SpeculationMetrics:
     k: int
     rounds: int = 0  # verify steps of a stream with at least one draft
-    drafted: int = 0
+    drafted: int = 0  # drafts verified (with a tree: its nodes)
     accepted: int = 0
-    drafted_at: list[int] = field(default_factory=list)  # drafts made at depth i (0-based)
-    accepted_at: list[int] = field(default_factory=list)  # ... of which accepted
+    drafted_at: list[int] = field(default_factory=list)  # drafts verified at depth i (0-based; a tree's nodes there)
+    accepted_at: list[int] = field(default_factory=list)  # ... of which accepted (at most one per round)
 
     def __post_init__(self) -> None:
         self.drafted_at = self.drafted_at or [0] * self.k
@@ -178,6 +193,8 @@ class _Plan:
     p: list[int]
     verify_base: list[int]  # first verify row of each stream
     rows: int  # verify rows
+    tree: list[tuple] = field(default_factory=list)  # per stream (tree verification): its layout, its rows' key slots
+    commit: bool = False  # the step first commits the last step's accepted scratch nodes
 
 
 class Speculator:
@@ -209,6 +226,18 @@ class Speculator:
         self.parallel = supports_parallel_drafting(d)
         # two-pass drafting: the chain's k-1 positions in one pass (laid out as the chain's rows)
         self.two_pass = supports_two_pass_drafting(d) and not self.parallel
+        # tree verification: a static tree of `tree_nodes` rank paths (None: the chain of k first choices)
+        self.tree: DraftTree | None = None
+        if cfg.tree_nodes is not None:
+            if not self.parallel:
+                raise ValueError(f"tree verification needs a parallel drafter (its one pass gives every depth's "
+                                 f"distribution); {type(d).__name__} drafts a chain")
+            if cfg.tree_nodes > MAX_TREE_NODES:
+                raise ValueError(f"tree_nodes {cfg.tree_nodes} exceeds the most a round verifies ({MAX_TREE_NODES})")
+            self.tree = DraftTree(default_tree_paths(k, cfg.tree_nodes), k)
+        # verify rows per stream: the root and the drafts (a tree's nodes)
+        self.verify_rows = 1 + (len(self.tree.paths) if self.tree else k)
+        self.stash_stride = max(k + 1, self.verify_rows)  # stash rows per slot: the last verify's hidden states
         rows_per_stream = 2 * k if self.parallel else k + 1
         spec = CacheSpec(dc.num_layers, dc.num_kv_heads, dc.head_dim, opts.block_size, dc.sliding_window,
                          max_q_len=rows_per_stream)
@@ -223,12 +252,13 @@ class Speculator:
         self.chunk = self.lookahead.max_chunk
 
         b, h = opts.max_batch, lm.hidden_size
-        r = self.max_rows = b * (k + 1)
+        r = self.max_rows = b * self.verify_rows
         rc = self.max_catchup_rows = b * rows_per_stream
         kc = max(k - 1, 1)  # chain steps (a 1-row placeholder when k == 1)
         self.pad_audio = runner.pad_slot * self.C
-        self.pad_stash = runner.pad_slot * (k + 1)
-        self.zero_stash = (opts.max_streams + 1) * (k + 1)  # a stash row never written: parallel draft rows read it
+        self.pad_stash = runner.pad_slot * self.stash_stride
+        # a stash row never written: parallel draft rows read it
+        self.zero_stash = (opts.max_streams + 1) * self.stash_stride
         i64, i32 = torch.int64, torch.int32
         fields = {
             # catch-up step (ragged rows: positions prev+1 .. p of every stream, then its parallel draft rows)
@@ -248,6 +278,9 @@ class Speculator:
             "v_pos": Field((r,), i32, -1), "v_dly": Field((r,), i32, 0), "v_seq": Field((r,), i32, 0),
             "v_tables": Field((b, runner.lm_cache.width), i32, 0),
         }
+        if self.tree:  # each verify row's root and its ancestors' key slots; the last step's commit
+            fields |= {"v_root": Field((r,), i32, -1), "v_tslots": Field((r, k), i64, 0),
+                       "cm_src": Field((b * k,), i64, 0), "cm_dst": Field((b * k,), i64, -1)}
         if self.drafter_audio:  # audio rows for the drafter exist only if it receives audio
             fields["c_aud"] = Field((rc,), i64, self.pad_audio)
             if not self.parallel:
@@ -265,9 +298,21 @@ class Speculator:
         self.v_out = torch.full((2 * r,), -1, dtype=i64, device=dev)
         self.v_next, self.v_tokens = self.v_out[:r], self.v_out[r:]
         self.v_embeds = torch.zeros(r, h, device=dev, dtype=dt)
+        # tree verification: the drafter's first `ranks` choices at each depth, per drafting stream; each
+        # slot's scratch slots (cache slots outside every ring) for its nodes off the chain; per slot the
+        # stash rows of its last accepted path (root first) and the commit the next step applies
+        self._stash_path: dict[int, list[int]] = {}
+        self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if self.tree:
+            self.choices = torch.zeros(b, k, self.tree.ranks, dtype=i64, device=dev)
+            lc = runner.lm_cache
+            per = math.ceil(cfg.tree_nodes / lc.spec.block_size)
+            blocks = np.asarray(lc.pool.take(opts.max_streams * per), dtype=np.int64).reshape(opts.max_streams, per)
+            self.scratch_slots = ((blocks * lc.spec.block_size)[:, :, None]
+                                  + np.arange(lc.spec.block_size)).reshape(opts.max_streams, -1)
 
         self._plan: _Plan | None = None
-        self.g_catchup = self.g_chain = self.g_verify = self.g_verify_inputs = None
+        self.g_catchup = self.g_chain = self.g_verify = self.g_verify_inputs = self.g_commit = None
         if opts.cuda_graphs and dev.type == "cuda":
             self._capture()
         logger.info("speculation on: k=%d, drafter %s (%s), encoder look-ahead chunk %d, audio ring %d, "
@@ -293,7 +338,11 @@ class Speculator:
         d, m = self.drafter, self.m
         if self.parallel:  # the drafts are the heads of the catch-up rows p .. p+k-1 (rows past k_s: unused)
             rows = (m["c_last"][:s, None] + self.draft_offsets).clamp(max=self.max_catchup_rows - 1)
-            self.drafts[:s] = d.logits(self.g_c[rows]).argmax(-1)
+            logits = d.logits(self.g_c[rows])
+            if self.tree:  # the tree's nodes take the drafter's r-th choices
+                self.choices[:s] = logits.topk(self.tree.ranks, -1).indices
+            else:
+                self.drafts[:s] = logits.argmax(-1)
             return
         g = self.g_c.index_select(0, m["c_last"][:s])
         self.drafts[:s, 0] = d.logits(g).argmax(-1)
@@ -330,17 +379,30 @@ class Speculator:
 
     def _verify_inputs(self, t: int) -> None:
         """The target's inputs of the verify rows: the drafts merged into the known tokens, then
-        embed(token) + audio of the row's position (gather-add) into the persistent `v_embeds`."""
+        embed(token) + audio of the row's position (gather-add) into the persistent `v_embeds`. With a
+        tree, the drafter's choices at the nodes' depths and ranks."""
         m = self.m
         src = m["v_src"][:t]
-        torch.where(src >= 0, self.drafts.view(-1)[src.clamp(min=0)], m["v_tok"][:t], out=self.v_tokens[:t])
+        drafts = self.choices if self.tree else self.drafts
+        torch.where(src >= 0, drafts.view(-1)[src.clamp(min=0)], m["v_tok"][:t], out=self.v_tokens[:t])
         emb = self.runner.model.language_model.embed_tokens.weight
         gather_add_embeddings(self.v_embeds[:t], self.v_tokens[:t], emb, self.runner.audio_cache, m["v_aud"][:t])
+
+    def _commit(self, _: int = 1) -> None:
+        """Tree verification: the last step's accepted nodes off the chain, from their scratch slots into
+        the ring at their positions (keys and values, every layer), before this step's verify reads them."""
+        cache, m = self.runner.lm_cache, self.m
+        for layer in range(len(cache.k)):
+            kc, vc = cache.k[layer], cache.v[layer]
+            write_kv(kc, vc, kc.view(-1, *kc.shape[2:]).index_select(0, m["cm_src"]),
+                     vc.view(-1, *vc.shape[2:]).index_select(0, m["cm_src"]), m["cm_dst"])
 
     def _verify_forward(self, t: int) -> None:
         model, m = self.runner.model, self.m
         pos = m["v_pos"][:t]
-        backend = PagedAttention(self.runner.lm_cache, m["v_slot_mapping"][:t], m["v_tables"], m["v_seq"][:t], pos)
+        tree = {"tree_root": m["v_root"][:t], "tree_slots": m["v_tslots"][:t]} if self.tree else {}
+        backend = PagedAttention(self.runner.lm_cache, m["v_slot_mapping"][:t], m["v_tables"], m["v_seq"][:t], pos,
+                                 **tree)
         ada = model.ada_scales_for(m["v_dly"][:t])  # the runner's delay table, when it has one
         t_cond = None if ada is not None else model.t_cond(m["v_dly"][:t])[None]
         hidden = model.decode(self.v_embeds[None, :t], pos[None], t_cond, backend, ada)[0]
@@ -357,6 +419,9 @@ class Speculator:
         self.g_verify_inputs.capture()
         self.g_verify = DecodeGraphRunner(self._verify_forward, self.max_rows, dev)
         self.g_verify.capture()
+        if self.tree:  # one size (the step's most commits), replayed only in steps that commit
+            self.g_commit = DecodeGraphRunner(self._commit, 1, dev)
+            self.g_commit.capture()
         logger.info("captured speculative graphs: catch-up/verify buckets %s, chain buckets %s",
                     self.g_verify.buckets, self.g_chain.buckets)
 
@@ -385,10 +450,16 @@ class Speculator:
             slots = [s.slot for s in group]
             if p.tokens:
                 write_pages(self.d_cache, slots, p.tokens, p.k, p.v)
-            rows = torch.tensor(slots, device=self.device) * (self.k + 1)
+            rows = torch.tensor(slots, device=self.device) * self.stash_stride
             self.stash.index_copy_(0, rows, p.last_hidden.expand(len(group), -1).contiguous())
             for s in group:
                 self.prev_pos[s.slot] = p.tokens - 1
+                self.release(s.slot)  # nothing of the slot's previous stream is committed or read
+
+    def release(self, slot: int) -> None:
+        """The slot's stream left: drop its pending commit (its ring blocks may go to another stream)."""
+        self._pending.pop(slot, None)
+        self._stash_path.pop(slot, None)
 
     @torch.no_grad()
     def prefix(self, target: PromptPrefix, delay_tokens: int) -> DrafterPrefix:
@@ -438,7 +509,7 @@ class Speculator:
 
     def _layout(self, streams: list[EngineStream]) -> tuple[_Plan, int, int]:
         """Draft lengths, and the step's rows written into the host staging of the metadata."""
-        k, C, kp1 = self.k, self.C, self.k + 1
+        k, C, stride = self.k, self.C, self.stash_stride
         k_s = {}
         for s in streams:
             decodable = min(s.audio_done, self.last_position(s) + 1) - s.lm_pos
@@ -459,8 +530,10 @@ class Speculator:
             h["d_tables"][i] = self.d_cache.tables_host[slot]
             h["v_tables"][i] = self.runner.lm_cache.tables_host[slot]
             # catch-up: positions prev+1 .. p, each reading h_{q-1} from the stash (rows 0 .. p-prev-1)
+            # (the stash rows of the positions accepted last step: with a tree, its accepted path's rows)
+            path = self._stash_path.get(slot) if self.tree else None
             c = self._catchup_rows(h, c, i, s, np.arange(prev + 1, p + 1), s.tokens[prev + 1: p + 1],
-                                   slot * kp1 + np.arange(p - prev))
+                                   slot * stride + (np.arange(p - prev) if path is None else np.array(path[: p - prev])))
             if ks and self.parallel:
                 # row p drafts token p+1; rows p+1 .. p+ks-1 (mask token, own audio, zero hidden) the rest
                 h["c_last"][i] = c - 1
@@ -476,20 +549,40 @@ class Speculator:
                     h["dr_slot_mapping"][: ks - 1, i] = self.d_cache.host_slots(slot, q)
                     if self.drafter_audio:
                         h["dr_aud"][: ks - 1, i] = slot * C + q % C
-            # verify: positions p .. p+k_s; row 0 carries the known token, rows 1.. the drafts
-            q = np.arange(p, p + ks + 1)
-            sl = slice(v, v + ks + 1)
+            # verify: row 0 at p carries the known token, the drafts (chain: rows 1..k_s at p+1..p+k_s;
+            # tree: its nodes of depth <= k_s, each at p + its depth) the drafter's choices
             plan.verify_base.append(v)
             h["v_tok"][v] = s.tokens[p]
-            h["v_src"][v + 1: v + ks + 1] = i * k + np.arange(ks)
+            if self.tree:
+                lay = self.tree.layouts[ks]
+                n = 1 + len(lay.depth)
+                q = p + lay.row_depth
+                ring = self.runner.lm_cache.host_slots(slot, q)
+                # a node off the chain writes its keys to its scratch slot; its ancestors' slots are listed
+                wslot = np.concatenate([[ring[0]], np.where(lay.on_chain, ring[1:], self.scratch_slots[slot][lay.scratch])])
+                h["v_src"][v + 1: v + n] = (i * k + lay.depth - 1) * self.tree.ranks + lay.rank
+                h["v_root"][v: v + n] = p
+                h["v_tslots"][v + 1: v + n] = np.where(lay.ancestor_rows >= 0, wslot[lay.ancestor_rows], 0)
+                plan.tree.append((lay, wslot))
+            else:
+                n = ks + 1
+                q = np.arange(p, p + n)
+                wslot = self.runner.lm_cache.host_slots(slot, q)
+                h["v_src"][v + 1: v + n] = i * k + np.arange(ks)
+            sl = slice(v, v + n)
             h["v_aud"][sl] = slot * C + q % C
-            h["v_slot_mapping"][sl] = self.runner.lm_cache.host_slots(slot, q)
-            h["v_stash"][sl] = slot * kp1 + np.arange(ks + 1)
+            h["v_slot_mapping"][sl] = wslot
+            h["v_stash"][sl] = slot * stride + np.arange(n)
             h["v_pos"][sl] = q
             h["v_dly"][sl] = s.delay_tokens
             h["v_seq"][sl] = i
-            v += ks + 1
+            v += n
         plan.rows = v
+        if self._pending:  # last step's accepted scratch nodes: committed before this step's verify
+            src, dst = (np.concatenate(x) for x in zip(*self._pending.values()))
+            h["cm_src"][: len(src)], h["cm_dst"][: len(dst)] = src, dst
+            self._pending.clear()
+            plan.commit = True
         self.meta.upload()
         return plan, c, n_draft
 
@@ -512,6 +605,8 @@ class Speculator:
         """Catch-up, chain and verify on the device (graph replays when captured)."""
         t = plan.rows
         graphs = self.g_verify is not None
+        if plan.commit:
+            self.g_commit.replay(1) if graphs else self._commit()
         if graphs:
             self.g_catchup.replay(self.g_catchup.bucket(t0))
         else:
@@ -539,18 +634,30 @@ class Speculator:
         nxt, inp = host[: plan.rows], host[self.max_rows:]
         out: dict[int, list[int]] = {}
         m = self.metrics
-        for s, ks, p, base in zip(plan.order, plan.k_s, plan.p, plan.verify_base):
-            n_acc = 0
-            while n_acc < ks and inp[base + 1 + n_acc] == nxt[base + n_acc]:
-                n_acc += 1
-            out[s.stream_id] = nxt[base: base + n_acc + 1]
+        for i, (s, ks, p, base) in enumerate(zip(plan.order, plan.k_s, plan.p, plan.verify_base)):
+            if self.tree:
+                lay, wslot = plan.tree[i]
+                path = walk_tree(nxt, inp, base, lay)
+                n_acc = len(path) - 1
+                out[s.stream_id] = [nxt[base + j] for j in path]
+                self._stash_path[s.slot] = path
+                off = [j for j in path if j in lay.off_chain_rows]  # accepted rows whose keys sit in scratch
+                if off:
+                    self._pending[s.slot] = (wslot[off], self.runner.lm_cache.host_slots(s.slot, p + lay.row_depth[off]))
+                drafted_at = lay.per_depth
+            else:
+                n_acc = 0
+                while n_acc < ks and inp[base + 1 + n_acc] == nxt[base + n_acc]:
+                    n_acc += 1
+                out[s.stream_id] = nxt[base: base + n_acc + 1]
+                drafted_at = [1] * ks
             self.prev_pos[s.slot] = p
             if ks:
                 m.rounds += 1
-                m.drafted += ks
+                m.drafted += sum(drafted_at)
                 m.accepted += n_acc
-                for i in range(ks):
-                    m.drafted_at[i] += 1
+                for i, n in enumerate(drafted_at):
+                    m.drafted_at[i] += n
                 for i in range(n_acc):
                     m.accepted_at[i] += 1
         self._plan = None
