@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Tree verification on the device (issue 5). Optionally the GPU tests of test_speculative, test_kernels
-# and test_engine; then batch-1 offline speed of the shipped parallel drafter with a chain of k and
+# Tree verification on the device (issue 5). Optionally the GPU tests of test_speculative and test_kernels
+# (TEST_EXTRA: more test files); then batch-1 offline speed of the shipped parallel drafter with a chain of k and
 # with trees of several sizes, each against plain decoding in its own alternating repeats
 # (bench_speculative.py, bf16, the held-out clips cut to 45 s); optionally batches 16 and 64 and the
 # end-of-stream flush for the chain and one tree.
@@ -20,8 +20,8 @@ export PYTHONPATH=/tmp/site:$PWD/.gpu_shim:$PWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
 t0=$(date +%s)
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_speculative.py tests/test_kernels.py \
-    tests/test_engine.py > "$out/gpu_tests.txt" 2>&1
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_speculative.py tests/test_kernels.py ${TEST_EXTRA:-} \
+    > "$out/gpu_tests.txt" 2>&1
   echo "gpu tests rc=$? $(( $(date +%s) - t0 )) s" >> "$out/times.txt"
 fi
 bench() {  # name "tree nodes or empty" args...
