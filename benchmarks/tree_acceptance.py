@@ -5,12 +5,15 @@
 
 A parallel (mask-row) drafter gives, in one pass, a distribution over the token at each draft depth
 1..U from anchor p (rows p .. p+U-1). A chain verifies the argmax at every depth. A tree verifies the
-M draft nodes with the highest path score (the product of the depth distributions along the path,
-EAGLE-2's dynamic tree): a round then accepts the longest prefix of the target's own tokens that is a
-path of the tree. This script measures that, teacher-forced on the target's greedy transcripts of the
-clips (the drafter reads exactly what the engine feeds it: the target's tokens and hidden states up to
-p, its own audio at every row), for several node budgets M. M = U as a chain is what the engine does now.
-CPU, fp32: a question about acceptance, not speed.
+M draft nodes either with the highest path score per round (the product of the depth distributions
+along the path, EAGLE-2's dynamic tree) or from a fixed tree of rank paths (`realtime.engine.tree.
+default_tree_paths`, what the engine's `tree_nodes` verifies): a round then accepts the longest prefix
+of the target's own tokens that is a path of the tree. This script measures that, teacher-forced on the
+target's greedy transcripts of the clips (the drafter reads exactly what the engine feeds it: the
+target's tokens and hidden states up to p, its own audio at every row), for several node budgets M,
+with rounds following each other as in decoding. It also reports how often the target's token is the
+drafter's r-th choice at each depth (the static tree's rank model is fitted to that). CPU, fp32: a
+question about acceptance, not speed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from realtime.attention import DenseAttention
 from realtime.audio import load_audio_file
+from realtime.engine.tree import default_tree_paths
 from realtime.loader import load_model
 from speculative.capability import supports_parallel_drafting
 from speculative.drafter import load_drafter
@@ -83,6 +87,24 @@ def tree_accepted(lp: torch.Tensor, want: torch.Tensor, budget: int) -> torch.Te
     return torch.where(chosen, depth_of + 1, 0).amax(-1)
 
 
+def true_ranks(lp: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """[A, U] the rank of the target's token among the drafter's choices at each depth (huge past the end)."""
+    r = (lp > lp.gather(-1, want.clamp(min=0)[..., None])).sum(-1)
+    return torch.where(want >= 0, r, 1 << 30)
+
+
+def static_tree_accepted(ranks: torch.Tensor, paths: list[tuple[int, ...]]) -> torch.Tensor:
+    """Accepted drafts per anchor when the round verifies the fixed tree `paths` (rank paths)."""
+    inside = set(paths)
+    out = []
+    for row in ranks.tolist():
+        n = 0
+        while n < len(row) and tuple(row[: n + 1]) in inside:
+            n += 1
+        out.append(n)
+    return torch.tensor(out)
+
+
 def chain_accepted(lp: torch.Tensor, want: torch.Tensor, k: int) -> torch.Tensor:
     hit = lp[:, :k].argmax(-1) == want[:, :k]
     return hit.long().cumprod(-1).sum(-1)
@@ -120,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         if not supports_parallel_drafting(d):
             raise SystemExit(f"{ddir}: {type(d).__name__} is not a parallel drafter")
         parts = [depth_log_probs(d, s, args.depths) for s in seqs]
-        r = {"anchors": sum(len(p[0]) for p in parts), "chain": {}, "tree": {}}
+        r = {"anchors": sum(len(p[0]) for p in parts), "chain": {}, "tree": {}, "static_tree": {}}
 
         def summary(accepted: list[torch.Tensor]) -> dict:
             # per sequence: the walk of consecutive rounds (what decoding sees), tokens over rounds
@@ -132,12 +154,18 @@ def main(argv: list[str] | None = None) -> int:
 
         for k in range(1, args.depths + 1):
             r["chain"][k] = summary([chain_accepted(lp, want, k) for lp, want in parts])
+        ranks = [true_ranks(lp, want) for lp, want in parts]
         for m in args.budgets:
             r["tree"][m] = summary([tree_accepted(lp, want, m) for lp, want in parts])
+            paths = default_tree_paths(args.depths, m)
+            r["static_tree"][m] = summary([static_tree_accepted(rk, paths) for rk in ranks])
+        every = torch.cat(ranks)
+        r["rank_share"] = [[float((every[:, j] == k).float().mean()) for k in range(4)] for j in range(args.depths)]
         report[ddir] = r
-        log.info("%s: chain %s; tree %s", ddir,
-                 {k: round(v["mean_acceptance_length"], 3) for k, v in r["chain"].items()},
-                 {m: round(v["mean_acceptance_length"], 3) for m, v in r["tree"].items()})
+        log.info("%s: chain %s; dynamic tree %s; static tree %s; rank shares by depth %s", ddir,
+                 *({k: round(v["mean_acceptance_length"], 3) for k, v in r[name].items()}
+                   for name in ("chain", "tree", "static_tree")),
+                 [[round(x, 3) for x in row] for row in r["rank_share"]])
     text = json.dumps(report, indent=2)
     if args.out:
         Path(args.out).write_text(text)

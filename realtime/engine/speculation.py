@@ -557,12 +557,12 @@ class Speculator:
                 lay = self.tree.layouts[ks]
                 n = 1 + len(lay.depth)
                 q = p + lay.row_depth
-                ring = self.runner.lm_cache.host_slots(slot, q)
                 # a node off the chain writes its keys to its scratch slot; its ancestors' slots are listed
-                wslot = np.concatenate([[ring[0]], np.where(lay.on_chain, ring[1:], self.scratch_slots[slot][lay.scratch])])
-                h["v_src"][v + 1: v + n] = (i * k + lay.depth - 1) * self.tree.ranks + lay.rank
+                wslot = self.runner.lm_cache.host_slots(slot, q)
+                wslot[lay.off_rows] = self.scratch_slots[slot][lay.off_scratch]
+                h["v_src"][v + 1: v + n] = i * k * self.tree.ranks + lay.choice_offset
                 h["v_root"][v: v + n] = p
-                h["v_tslots"][v + 1: v + n] = np.where(lay.ancestor_rows >= 0, wslot[lay.ancestor_rows], 0)
+                h["v_tslots"][v + 1: v + n] = wslot[lay.ancestor_take] * lay.ancestor_mask
                 plan.tree.append((lay, wslot))
             else:
                 n = ks + 1

@@ -63,6 +63,14 @@ class TreeLayout:
     row_depth: np.ndarray  # [n + 1] each block row's depth (0: the root)
     children: list[list[int]]  # per block row: its children's rows (host lists: the walk runs every step)
     off_chain_rows: frozenset[int]  # rows whose keys sit in scratch slots
+    # precomputed for the step layout (host time counts at batch 1): the off-chain rows and their scratch
+    # indices, each node's offset among the drafter's choices ((depth - 1) * ranks + rank), and its
+    # ancestors' rows clipped to valid indices with a 0/1 mask
+    off_rows: np.ndarray
+    off_scratch: np.ndarray
+    choice_offset: np.ndarray
+    ancestor_take: np.ndarray
+    ancestor_mask: np.ndarray
 
 
 class DraftTree:
@@ -105,7 +113,11 @@ class DraftTree:
             per_depth=[sum(1 for p in paths if len(p) == d) for d in range(1, self.k + 1)],
             row_depth=np.concatenate([[0], depth]),
             children=[[j + 1 for j, p in enumerate(paths) if row.get(p[:-1], 0) == r] for r in range(len(paths) + 1)],
-            off_chain_rows=frozenset(j + 1 for j, p in enumerate(paths) if any(p)))
+            off_chain_rows=frozenset(j + 1 for j, p in enumerate(paths) if any(p)),
+            off_rows=np.array([j + 1 for j, p in enumerate(paths) if any(p)], dtype=np.int64),
+            off_scratch=np.array([scratch_of[p] for p in paths if any(p)], dtype=np.int64),
+            choice_offset=(depth - 1) * self.ranks + np.array([p[-1] for p in paths], dtype=np.int64),
+            ancestor_take=anc.clip(min=0), ancestor_mask=(anc >= 0).astype(np.int64))
 
 
 def walk_tree(next_tokens: list[int], tokens: list[int], base: int, layout: TreeLayout) -> list[int]:
