@@ -24,8 +24,11 @@ Every decode step of every scheduled stream goes through `Speculator.step`:
    positions p+1 .. p+k_s-1: the first of these rows reads the first draft and the catch-up output
    at p (as chain step 1 does), the others the mask token and zeros; every row its own audio.
 4. Verify: the target runs positions p .. p+k_s of every stream in one flattened batch (live
-   streams: 1 row; catching-up streams: k_s + 1 rows) and its greedy argmax decides.
-5. `accept` (host): accepted prefix of the drafts + the target's token after it (the bonus).
+   streams: 1 row; catching-up streams: k_s + 1 rows) and its greedy argmax decides. With
+   `tree_nodes` (parallel drafters; `tree`), a drafting stream's rows are instead a fixed tree of
+   the drafter's likeliest choices per depth, each node at p + its depth.
+5. `accept` (host): accepted prefix of the drafts (the accepted path of a tree) + the target's
+   token after it (the bonus).
 
 Why rollback is free: KV entries the target or the drafter wrote at rejected positions are never
 read: a query at position q reads keys at positions <= q, and every position >= the new
