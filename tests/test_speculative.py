@@ -1013,24 +1013,72 @@ def _demote_argmax(logits_fn):
     return logits
 
 
+def _ring_after_one_stream(model, tok, spec: SpeculativeConfig | None, clip) -> tuple[BatchedEngine, object, list]:
+    """One stream decoded to its end and left open: (the engine, the stream, each LM layer's keys and
+    values at every position of its ring)."""
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(1, 1, cuda_graphs=False), speculative=spec)
+    rec = Recorder()
+    sid = eng.open_stream(rec)
+    eng.push_audio(sid, clip)
+    eng.finish_stream(sid)
+    drive(eng)
+    s = eng._controls[sid].stream
+    cache = eng.runner.lm_cache
+    slots = torch.from_numpy(cache.host_slots(s.slot, np.arange(s.lm_pos)))
+    kv = [(k.view(-1, *k.shape[2:])[slots], v.view(-1, *v.shape[2:])[slots]) for k, v in zip(cache.k, cache.v)]
+    return eng, s, kv
+
+
 def test_tree_accepts_the_runner_up_that_a_chain_misses(target, monkeypatch):
     """Against a target without context (its layers zeroed) an echo drafter's first draft is the
     target's token. With its favourite demoted to second place, a chain's first draft is always wrong;
-    a tree of 4 nodes ((0,), (0, 0), (0, 0, 0), (1,)) holds the runner-up and gets the first draft of every round
-    accepted. Both stay lossless: the runner-up's keys went to a scratch slot and reached the ring
-    through the commit before later rows read them."""
+    a tree of 4 nodes ((0,), (0, 0), (0, 0, 0), (1,)) holds the runner-up and gets the first draft of
+    every round accepted. Both stay lossless. The runner-up's keys went to a scratch slot: the commit
+    must have put them into the ring (its keys and values equal plain decoding's at every position but
+    the last round's), and the next catch-up must read the accepted nodes' hidden states (the target's
+    h_{q-1} at every position q it runs), not the chain's rows of the block. A closed stream leaves no
+    commit behind (its ring's blocks may go to another stream)."""
     model, tok = target
     zero = scaled_target(model, 0.0)
-    d = echo_drafter(zero, cls=ParallelEagleDrafter)
+    d = echo_drafter(zero, cls=ParallelSpy)
+    d.passes = []
     monkeypatch.setattr(d, "logits", _demote_argmax(d.logits))
-    clips = [UNSEEN[1]]
-    stats = {}
-    for name, drafter in (("chain", d), ("tree", TreeDrafting(d, 4))):
-        _, st = run_scenario(zero, tok, drafter, clips, [[clips[0].size]], k=4)
-        stats[name] = st
-    assert stats["chain"].spec_rounds > 20 and stats["chain"].spec_accepted == 0
-    t = stats["tree"]
+    clip = UNSEEN[1]
+    _, st = run_scenario(zero, tok, d, [clip], [[clip.size]], k=4)
+    assert st.spec_rounds > 20 and st.spec_accepted == 0
+    d.passes = []
+    eng, stream, kv = _ring_after_one_stream(zero, tok, SpeculativeConfig(d, 4, tree_nodes=4), clip)
+    t = eng.stats()
     assert t.spec_rounds > 10 and t.spec_accepted_per_position[0] == t.spec_rounds
+    _, plain_stream, plain_kv = _ring_after_one_stream(zero, tok, None, clip)
+    last = stream.lm_pos
+    assert last == plain_stream.lm_pos
+    done = last - 5  # the last round's accepted nodes may still wait for a commit
+    for (k, v), (pk, pv) in zip(kv, plain_kv):
+        torch.testing.assert_close(k[:done], pk[:done], rtol=1e-4, atol=1e-4)  # batch shapes round differently
+        torch.testing.assert_close(v[:done], pv[:done], rtol=1e-4, atol=1e-4)
+    hidden = teacher_forced(zero, clip, list(stream.tokens), stream.delay_tokens)[1]
+    checked = 0
+    for ps in d.passes:
+        for r in torch.nonzero(ps.ids != d.mask_token_id).flatten().tolist():
+            q = int(ps.positions[r])
+            if q >= 1:
+                torch.testing.assert_close(ps.hidden[r], hidden[q - 1], rtol=1e-4, atol=1e-4)
+                checked += 1
+    assert checked > last // 2
+    # a client that leaves while its last round's commit waits: the commit goes with it
+    eng = BatchedEngine(zero, tok, opts=RunnerOptions(1, 1, cuda_graphs=False),
+                        speculative=SpeculativeConfig(d, 4, tree_nodes=4))
+    sid, sp = eng.open_stream(Recorder()), eng.speculator
+    eng.push_audio(sid, clip)
+    for _ in range(200):
+        eng._run_step(eng._sync_with_clients())
+        if sp._pending:
+            break
+    assert sp._pending
+    eng.close_stream(sid)
+    eng._sync_with_clients()
+    assert not sp._pending and not sp._stash_path
 
 
 def test_bad_tree_settings(target):

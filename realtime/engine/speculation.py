@@ -457,10 +457,10 @@ class Speculator:
             self.stash.index_copy_(0, rows, p.last_hidden.expand(len(group), -1).contiguous())
             for s in group:
                 self.prev_pos[s.slot] = p.tokens - 1
-                self.release(s.slot)  # nothing of the slot's previous stream is committed or read
 
     def release(self, slot: int) -> None:
-        """The slot's stream left: drop its pending commit (its ring blocks may go to another stream)."""
+        """The slot's stream left (the engine calls this as it frees the slot's KV): drop its pending
+        commit, whose ring blocks may go to another stream, and its accepted path."""
         self._pending.pop(slot, None)
         self._stash_path.pop(slot, None)
 
