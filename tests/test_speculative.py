@@ -413,12 +413,12 @@ def test_bad_speculative_settings(target):
     assert BatchedEngine(model, tok, opts=small, speculative=SpeculativeConfig(d, 4)).runner.cache_len >= 2 * 4 + 8
 
 
-def test_max_session_length_with_speculation(target, trained):
-    """A stream cut at the engine's maximum session length: drafts never run past the last
-    position it may decode (the KV rings are sized to it), and the kept tokens are the oracle's."""
+def test_max_session_length_with_speculation(target, drafter_kind):
+    """A stream cut at the engine's maximum session length: drafts (a tree's nodes too) never run past
+    the last position it may decode (the KV rings are sized to it), and the kept tokens are the oracle's."""
     model, tok = target
     opts = RunnerOptions(max_streams=2, max_batch=2, max_session_seconds=1.0, cuda_graphs=False)
-    eng = BatchedEngine(model, tok, opts=opts, speculative=SpeculativeConfig(trained, 4))
+    eng = BatchedEngine(model, tok, opts=opts, speculative=spec_config(drafter_kind, 4))
     rec = Recorder()
     long_sid, short_sid = eng.open_stream(rec), eng.open_stream(rec)
     long_clip = np.concatenate([SEEN[0], SEEN[1], SEEN[2]])  # 9 s: more than max_tokens can hold

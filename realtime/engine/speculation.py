@@ -659,9 +659,9 @@ class Speculator:
                 m.rounds += 1
                 m.drafted += sum(drafted_at)
                 m.accepted += n_acc
-                for i, n in enumerate(drafted_at):
-                    m.drafted_at[i] += n
-                for i in range(n_acc):
-                    m.accepted_at[i] += 1
+                for j, n in enumerate(drafted_at):
+                    m.drafted_at[j] += n
+                for j in range(n_acc):
+                    m.accepted_at[j] += 1
         self._plan = None
         return [out[s.stream_id] for s in streams]
