@@ -981,7 +981,7 @@ def test_tree_layouts_and_walk():
     from realtime.engine.tree import DraftTree, walk_tree
 
     tree = DraftTree([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)], 3)
-    assert (tree.ranks, tree.off_chain) == (2, 3)
+    assert (tree.ranks, tree.off_chain, tree.scratch_blocks(2), tree.scratch_blocks(16)) == (2, 3, 2, 1)
     lay = tree.layouts[2]
     assert lay.depth.tolist() == [1, 1, 2, 2, 2] and lay.rank.tolist() == [0, 1, 0, 1, 0]
     assert lay.parent_row.tolist() == [0, 0, 1, 1, 2]

@@ -121,13 +121,15 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
     m = cfg.tree_nodes
     if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
         raise ValueError(f"tree_nodes must be an integer >= 1 or None, got {m!r}")
+    if m is not None and m > MAX_TREE_NODES:
+        raise ValueError(f"tree_nodes {m} exceeds the most a round verifies ({MAX_TREE_NODES})")
     if cfg.min_buffered_tokens < 2:
         raise ValueError(f"min_buffered_tokens must be >= 2, got {cfg.min_buffered_tokens}")
     need = 2 * k + cfg.chunk(opts)
     if opts.encoder_cache_tokens < need:
         opts = replace(opts, encoder_cache_tokens=need)
     if m is not None:  # scratch slots for every stream's nodes off the chain (blocks outside the rings)
-        scratch = opts.max_streams * math.ceil(m / opts.block_size)
+        scratch = opts.max_streams * DraftTree(default_tree_paths(k, m), k).scratch_blocks(opts.block_size)
         if opts.lm_scratch_blocks < scratch:
             opts = replace(opts, lm_scratch_blocks=scratch)
     return opts if opts.encoder_chunk >= cfg.chunk(opts) else replace(opts, encoder_chunk=cfg.chunk(opts))
@@ -235,8 +237,6 @@ class Speculator:
             if not self.parallel:
                 raise ValueError(f"tree verification needs a parallel drafter (its one pass gives every depth's "
                                  f"distribution); {type(d).__name__} drafts a chain")
-            if cfg.tree_nodes > MAX_TREE_NODES:
-                raise ValueError(f"tree_nodes {cfg.tree_nodes} exceeds the most a round verifies ({MAX_TREE_NODES})")
             self.tree = DraftTree(default_tree_paths(k, cfg.tree_nodes), k)
         # verify rows per stream: the root and the drafts (a tree's nodes)
         self.verify_rows = 1 + (len(self.tree.paths) if self.tree else k)
@@ -309,7 +309,7 @@ class Speculator:
         if self.tree:
             self.choices = torch.zeros(b, k, self.tree.ranks, dtype=i64, device=dev)
             lc = runner.lm_cache
-            per = math.ceil(cfg.tree_nodes / lc.spec.block_size)
+            per = self.tree.scratch_blocks(lc.spec.block_size)
             blocks = np.asarray(lc.pool.take(opts.max_streams * per), dtype=np.int64).reshape(opts.max_streams, per)
             self.scratch_slots = ((blocks * lc.spec.block_size)[:, :, None]
                                   + np.arange(lc.spec.block_size)).reshape(opts.max_streams, -1)

@@ -91,9 +91,9 @@ class DraftTree:
         self.off_chain = sum(1 for p in paths if any(p))  # scratch slots per stream
         self.layouts = [self._layout(ks) for ks in range(k + 1)]
 
-    @classmethod
-    def chain(cls, k: int) -> DraftTree:
-        return cls([(0,) * d for d in range(1, k + 1)], k)
+    def scratch_blocks(self, block_size: int) -> int:
+        """Cache blocks per stream for the keys of the nodes off the chain."""
+        return math.ceil(self.off_chain / block_size)
 
     def _layout(self, k_s: int) -> TreeLayout:
         paths = [p for p in self.paths if len(p) <= k_s]
