@@ -27,11 +27,13 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
     `tree_nodes`: tree verification of that many draft nodes per round (parallel drafters)."""
     if kind not in ENGINES:
         raise ValueError(f"unknown engine {kind!r} (available: {', '.join(ENGINES)})")
+    if tree_nodes is not None and drafter is None:
+        raise ValueError("--tree-nodes needs --drafter (a parallel drafter)")
     torch_dtype = DTYPES[dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
     net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
     logger.info("loaded model %s on %s (%s)", model, device, torch_dtype)
     if kind == "sequential":
-        if drafter is not None or tree_nodes is not None:
+        if drafter is not None:
             raise ValueError("--drafter needs the batched engine")
         from realtime.sequential_engine import SequentialEngine
 
@@ -53,8 +55,6 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
                 opts = RunnerOptions(max_streams=max(1, fit), max_batch=max(1, fit), cuda_graphs=cuda_graphs,
                                      max_session_seconds=max_session_seconds)
         speculative = None
-        if tree_nodes is not None and drafter is None:
-            raise ValueError("--tree-nodes needs --drafter (a parallel drafter)")
         if drafter is not None:  # lossless speculation for backlogged streams (catch-up, flush, files)
             from realtime.engine.speculation import SpeculativeConfig
             from speculative.capability import default_num_speculative_tokens

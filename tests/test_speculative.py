@@ -983,11 +983,14 @@ def test_tree_layouts_and_walk():
     tree = DraftTree([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)], 3)
     assert (tree.ranks, tree.off_chain, tree.scratch_blocks(2), tree.scratch_blocks(16)) == (2, 3, 2, 1)
     lay = tree.layouts[2]
-    assert lay.depth.tolist() == [1, 1, 2, 2, 2] and lay.rank.tolist() == [0, 1, 0, 1, 0]
-    assert lay.parent_row.tolist() == [0, 0, 1, 1, 2]
-    assert lay.on_chain.tolist() == [True, False, True, False, False]
-    assert lay.scratch.tolist() == [-1, 0, -1, 1, 2]
-    assert lay.ancestor_rows.tolist() == [[1, -1, -1], [2, -1, -1], [1, 3, -1], [1, 4, -1], [2, 5, -1]]
+    # rows 1..5: (0,), (1,), (0, 0), (0, 1), (1, 0); rank = choice_offset - (depth - 1) * ranks
+    assert lay.depth.tolist() == [1, 1, 2, 2, 2] and lay.row_depth.tolist() == [0, 1, 1, 2, 2, 2]
+    assert (lay.choice_offset - (lay.depth - 1) * 2).tolist() == [0, 1, 0, 1, 0]
+    assert lay.children == [[1, 2], [3, 4], [5], [], [], []]  # parents: 0, 0, 1, 1, 2
+    assert lay.row_off_chain == [False, False, True, False, True, True]
+    assert lay.off_rows.tolist() == [2, 4, 5] and lay.off_scratch.tolist() == [0, 1, 2]
+    ancestors = np.where(lay.ancestor_mask > 0, lay.ancestor_take, -1)
+    assert ancestors.tolist() == [[1, -1, -1], [2, -1, -1], [1, 3, -1], [1, 4, -1], [2, 5, -1]]
     assert lay.per_depth == [2, 3, 0] and tree.layouts[0].per_depth == [0, 0, 0]
     assert tree.layouts[3].per_depth == [2, 3, 1]
     for bad in ([(0, 0)], [(0,), (0,)], [(0,), (0, 0, 0, 0)], [(-1,)]):

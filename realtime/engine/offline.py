@@ -140,10 +140,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
     try:
-        model, tok = load_model_and_tokenizer(args.model, device=args.device, dtype=dtype)
-        spec = None
         if args.tree_nodes is not None and not args.drafter:
             raise ValueError("--tree-nodes needs --drafter (a parallel drafter)")
+        model, tok = load_model_and_tokenizer(args.model, device=args.device, dtype=dtype)
+        spec = None
         if args.drafter:
             drafter = load_drafter(args.drafter, target_embedding=model.language_model.embed_tokens.weight,
                                    device=args.device, dtype=dtype)

@@ -80,7 +80,7 @@ from .model_runner import ModelRunner, RunnerOptions
 from .prompt_prefix import PromptPrefix, PromptPrefixCache, RecordingAttention, streams_by_delay, write_pages
 from .staging import Field, StepMetadata
 from .stream import EngineStream
-from .tree import DraftTree, default_tree_paths, walk_tree
+from .tree import DraftTree, TreeLayout, default_tree_paths, walk_tree
 
 if TYPE_CHECKING:
     from speculative.drafter import EagleModel
@@ -198,7 +198,8 @@ class _Plan:
     p: list[int]
     verify_base: list[int]  # first verify row of each stream
     rows: int  # verify rows
-    tree: list[tuple] = field(default_factory=list)  # per stream (tree verification): its layout, its rows' key slots
+    # per stream (tree verification): its layout and the cache slot each of its rows writes its keys to
+    tree: list[tuple[TreeLayout, np.ndarray]] = field(default_factory=list)
     commit: bool = False  # the step first commits the last step's accepted scratch nodes
 
 
@@ -644,7 +645,7 @@ class Speculator:
                 n_acc = len(path) - 1
                 out[s.stream_id] = [nxt[base + j] for j in path]
                 self._stash_path[s.slot] = path
-                off = [j for j in path if j in lay.off_chain_rows]  # accepted rows whose keys sit in scratch
+                off = [j for j in path if lay.row_off_chain[j]]  # accepted rows whose keys sit in scratch
                 if off:
                     self._pending[s.slot] = (wslot[off], self.runner.lm_cache.host_slots(s.slot, p + lay.row_depth[off]))
                 drafted_at = lay.per_depth

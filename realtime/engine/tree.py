@@ -53,24 +53,17 @@ class TreeLayout:
     """The nodes a stream verifies when it may draft `k_s` tokens: the tree's paths of depth <= k_s,
     in the tree's order (parents first). Block row 0 is the root; node j is row j + 1."""
 
+    # Everything is precomputed per draft length: at batch 1 the host's work is part of every round.
     depth: np.ndarray  # [n] 1..k_s
-    rank: np.ndarray  # [n] the drafter's choice at that depth (0: its first)
-    parent_row: np.ndarray  # [n] the parent's row (0: the root)
-    on_chain: np.ndarray  # [n] bool: all ranks 0 (writes its keys at its own position in the ring)
-    scratch: np.ndarray  # [n] index of its scratch slot (-1 on the chain)
-    ancestor_rows: np.ndarray  # [n, k] rows of its ancestors at depths 1..depth (itself last), -1 after
-    per_depth: list[int]  # nodes at depths 1..k
     row_depth: np.ndarray  # [n + 1] each block row's depth (0: the root)
+    per_depth: list[int]  # nodes at depths 1..k
     children: list[list[int]]  # per block row: its children's rows (host lists: the walk runs every step)
-    off_chain_rows: frozenset[int]  # rows whose keys sit in scratch slots
-    # precomputed for the step layout (host time counts at batch 1): the off-chain rows and their scratch
-    # indices, each node's offset among the drafter's choices ((depth - 1) * ranks + rank), and its
-    # ancestors' rows clipped to valid indices with a 0/1 mask
-    off_rows: np.ndarray
-    off_scratch: np.ndarray
-    choice_offset: np.ndarray
-    ancestor_take: np.ndarray
-    ancestor_mask: np.ndarray
+    row_off_chain: list[bool]  # per block row: its keys sit in a scratch slot (any rank > 0 on its path)
+    off_rows: np.ndarray  # the rows off the chain ...
+    off_scratch: np.ndarray  # ... and the index of each one's scratch slot
+    choice_offset: np.ndarray  # [n] (depth - 1) * ranks + rank: where its token is among the drafter's choices
+    ancestor_take: np.ndarray  # [n, k] rows of its ancestors at depths 1..depth (itself last), 0 after ...
+    ancestor_mask: np.ndarray  # [n, k] ... 1 where such an ancestor exists
 
 
 class DraftTree:
@@ -105,15 +98,10 @@ class DraftTree:
         depth = np.array([len(p) for p in paths], dtype=np.int64)
         return TreeLayout(
             depth=depth,
-            rank=np.array([p[-1] for p in paths], dtype=np.int64),
-            parent_row=np.array([row.get(p[:-1], 0) for p in paths], dtype=np.int64),
-            on_chain=np.array([not any(p) for p in paths], dtype=bool),
-            scratch=np.array([scratch_of.get(p, -1) for p in paths], dtype=np.int64),
-            ancestor_rows=anc,
-            per_depth=[sum(1 for p in paths if len(p) == d) for d in range(1, self.k + 1)],
             row_depth=np.concatenate([[0], depth]),
+            per_depth=[sum(1 for p in paths if len(p) == d) for d in range(1, self.k + 1)],
             children=[[j + 1 for j, p in enumerate(paths) if row.get(p[:-1], 0) == r] for r in range(len(paths) + 1)],
-            off_chain_rows=frozenset(j + 1 for j, p in enumerate(paths) if any(p)),
+            row_off_chain=[False] + [any(p) for p in paths],
             off_rows=np.array([j + 1 for j, p in enumerate(paths) if any(p)], dtype=np.int64),
             off_scratch=np.array([scratch_of[p] for p in paths if any(p)], dtype=np.int64),
             choice_offset=(depth - 1) * self.ranks + np.array([p[-1] for p in paths], dtype=np.int64),
