@@ -105,6 +105,7 @@ class SyntheticStreams:
         ids = r.decode(self.slots, self.lm_pos, self.tokens, self.delays)
         mark("decode")
         self.tokens = ids.tolist()  # the device -> host sync of a real step
+        r.fence.passed()  # as the engine does: the staging copies of this step have run
         self.lm_pos = [p + 1 for p in self.lm_pos]
         mark("sync")
 
@@ -205,6 +206,7 @@ def bench_b1(model, bw: float, steps: int, profile: bool = False) -> dict:
         runner.decode(sim.slots, sim.lm_pos, sim.tokens, sim.delays)
         e_ev.record()
         e_ev.synchronize()
+        runner.fence.passed()
         dev.append(s_ev.elapsed_time(e_ev))
     prof = kernel_profile(lambda: (runner.encoder.run(1, sim.host_mel, sim.slots, sim.lm_pos),
                                    runner.decode(sim.slots, sim.lm_pos, sim.tokens, sim.delays))) if profile else None

@@ -261,7 +261,8 @@ class BatchedEngine:
                 if need_audio:
                     self.runner.encode_step(need_audio)
                 ids = self.runner.decode_step(plan.decode)
-            host = ids.tolist()  # the one device -> host transfer of the step
+            host = ids.tolist()  # the one device -> host transfer of the step: it waits for the device
+            self.runner.fence.passed()  # so every staging copy queued so far has run
         except Exception as exc:  # a failing step fails its streams, never the engine
             logger.exception("engine step failed")
             for s in plan.decode:

@@ -85,6 +85,11 @@ class PagedKVCache:
         # mirror lets step metadata (slot mappings, table rows) be built on the host and uploaded once.
         self.tables = torch.full((max_streams, self.width), -1, dtype=torch.int32, device=device)
         self.tables_host = np.full((max_streams, self.width), -1, dtype=np.int32)
+        # per slot, the flat cache slot of every ring position (position % ring_positions): a step's
+        # slot mappings are then one lookup on the host instead of a handful of small numpy ops
+        # (admitted slots only: a server sized for thousands of streams keeps no table for idle slots)
+        self.ring_positions = self.width * spec.block_size
+        self._slots_host: dict[int, np.ndarray] = {}
         self._owned: dict[int, list[int]] = {}
 
     def can_admit(self) -> bool:
@@ -95,6 +100,8 @@ class PagedKVCache:
         self._owned[slot] = blocks
         self.tables_host[slot] = blocks
         self.tables[slot] = torch.from_numpy(self.tables_host[slot]).to(self.tables.device)
+        bs = self.spec.block_size
+        self._slots_host[slot] = (np.asarray(blocks, dtype=np.int64)[:, None] * bs + np.arange(bs)).ravel()
 
     def release(self, slot: int) -> None:
         blocks = self._owned.pop(slot, None)
@@ -102,6 +109,7 @@ class PagedKVCache:
             self.pool.give_back(blocks)
             self.tables_host[slot] = -1
             self.tables[slot] = -1
+            del self._slots_host[slot]
 
     def oldest_kept(self, newest: int) -> int:
         """The oldest position a stream's ring still holds when positions up to `newest` are written
@@ -111,9 +119,7 @@ class PagedKVCache:
 
     def host_slots(self, slot: int, positions: np.ndarray) -> np.ndarray:
         """`slot_mapping` for one stream on the host (int64), from the mirrored ring table."""
-        bs = self.spec.block_size
-        blocks = self.tables_host[slot]
-        return blocks[(positions // bs) % self.width].astype(np.int64) * bs + positions % bs
+        return self._slots_host[slot][positions % self.ring_positions]
 
     def slot_mapping(self, stream_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Flat cache slot (physical_block * block_size + offset) of each (stream slot, position)."""

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from .attention import PagedAttention
 from .cuda_graph import DecodeGraphRunner
-from .staging import Field, StepMetadata
+from .staging import Field, StagingRing, StepMetadata
 from .stream import EngineStream
 
 if TYPE_CHECKING:  # the runner owns this encoder step
@@ -65,10 +65,11 @@ class LookaheadEncoder:
         # sample windows of each call: filled on the host (pinned) and copied once per call
         need = {n: runner.mel.samples_needed(self.mpt * n) for n in self.sizes}
         self.samples = {n: torch.zeros(b, need[n], device=dev, dtype=torch.float32) for n in self.sizes}
-        cuda = dev.type == "cuda"
-        self._staging = {n: torch.zeros(b, need[n], dtype=torch.float32, pin_memory=True) for n in self.sizes} if cuda \
-            else {}
-        self._copied = {n: torch.cuda.Event() for n in self.sizes} if cuda else {}  # staging free again
+        # CUDA: the windows go through pinned staging rows (a ring per chunk size, see `staging`)
+        self._rings = {n: StagingRing(runner.fence) for n in self.sizes} if dev.type == "cuda" else {}
+        self._staging = {n: [torch.zeros(b, need[n], dtype=torch.float32, pin_memory=True)
+                             for _ in range(ring.depth)] for n, ring in self._rings.items()}
+        self._staging_np = {n: [t.numpy() for t in ts] for n, ts in self._staging.items()}
         # which stream (row of `tables`) each query frame belongs to, per chunk size (constant)
         self.seq = {n: torch.arange(b, dtype=torch.int32, device=dev).repeat_interleave(fpt * n) for n in self.sizes}
         pad_row = runner.pad_slot * runner.cache_len
@@ -78,7 +79,7 @@ class LookaheadEncoder:
             "slot_mapping": Field((b * fpt * n,), torch.int64, -1),
             "tables": Field((b, width), torch.int32, 0),
             "rows": Field((b * n,), torch.int64, pad_row),  # audio cache rows of the new embeddings
-        }, dev) for n in self.sizes}
+        }, dev, runner.fence) for n in self.sizes}
         self.graphs: dict[int, DecodeGraphRunner] = {}
         if runner.opts.cuda_graphs and dev.type == "cuda":
             for n in self.sizes:
@@ -143,11 +144,14 @@ class LookaheadEncoder:
             h["tables"][i] = r.enc_cache.tables_host[slot]
             h["rows"][i * n: (i + 1) * n] = slot * cl + (done + np.arange(n)) % cl
         self.meta[n].upload()
-        if n in self._copied:  # CUDA: through the pinned staging rows, one non-blocking copy
-            self._copied[n].synchronize()  # the last call's copy has left the staging rows
-            torch.stack(list(windows), out=self._staging[n][:b])
-            self.samples[n][:b].copy_(self._staging[n][:b], non_blocking=True)
-            self._copied[n].record()
+        ring = self._rings.get(n)
+        if ring is not None:  # CUDA: through pinned staging rows, one non-blocking copy
+            j = ring.acquire()
+            rows = self._staging_np[n][j]
+            for i, w in enumerate(windows):
+                rows[i] = w.numpy()
+            self.samples[n][:b].copy_(self._staging[n][j][:b], non_blocking=True)
+            ring.mark_copied(j)
         else:
             torch.stack(list(windows), out=self.samples[n][:b])
         graphs = self.graphs.get(n)

@@ -24,7 +24,7 @@ from .attention import PagedAttention
 from .cuda_graph import DecodeGraphRunner
 from .kv_cache import CacheSpec, PagedKVCache
 from .lookahead import LookaheadEncoder
-from .staging import Field, StepMetadata
+from .staging import CopyFence, Field, StepMetadata
 from .stream import EngineStream
 
 logger = logging.getLogger(__name__)
@@ -100,6 +100,8 @@ class ModelRunner:
         # metadata is built on the host and arrives in one copy per dtype (staging.StepMetadata)
         b = opts.max_batch
         i64, i32 = torch.int64, torch.int32
+        # the host's waits for the device (the engine's per-step token copy): staging reuse (`staging`)
+        self.fence = CopyFence(dev)
         self.meta = StepMetadata({
             "token_ids": Field((b,), i64, -1),  # padding rows: no token, zero input
             "audio_rows": Field((b,), i64, -1),
@@ -107,7 +109,7 @@ class ModelRunner:
             "delays": Field((b,), i32, 0),
             "slot_mapping": Field((b,), i64, -1),  # padding rows: no KV write
             "block_tables": Field((b, self.lm_cache.width), i32, 0),
-        }, dev)
+        }, dev, self.fence)
         self.inputs_embeds = torch.zeros(b, c.decoder.hidden_size, device=dev, dtype=dt)
         self.seq_ids = torch.arange(b, dtype=i32, device=dev)
         self.next_ids = torch.zeros(b, dtype=i64, device=dev)

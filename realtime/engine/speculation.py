@@ -289,7 +289,7 @@ class Speculator:
             fields["c_aud"] = Field((rc,), i64, self.pad_audio)
             if not self.parallel:
                 fields["dr_aud"] = Field((kc, b), i64, self.pad_audio)
-        self.meta = StepMetadata(fields, dev)
+        self.meta = StepMetadata(fields, dev, runner.fence)
         self.m = self.meta.dev
         # device-side state and outputs (fixed addresses)
         self.stash = torch.zeros(self.zero_stash + 1, h, device=dev, dtype=dt)  # target hiddens (+ the zero row)
