@@ -7,8 +7,10 @@ engine loop with perf_counter, by wrapping the bound methods of one engine insta
 changes, nothing shared with other engines):
 
 - `sync`: `_sync_with_clients` (inboxes, joins, closes); `plan`: the scheduler;
-- `look_ahead`, `layout`, `launch`: the speculative step's three parts (look-ahead encoder, host
-  layout of the metadata + its upload, graph replays); plain decoding: `encode`, `launch` (decode);
+- `look_ahead`, `layout`, `launch`, `look_ahead_next`: the speculative step's parts (look-ahead
+  encoder, host layout of the metadata + its upload, graph replays, the next step's look-ahead queued
+  behind them); plain decoding: `encode` (this step's audio and, queued behind the LM step, the next
+  one's), `launch` (the LM step);
 - `wait`: what is left of `_run_step` (the device -> host copy of the tokens, which waits for the
   device, plus a few bookkeeping lines);
 - `accept`: greedy acceptance on the host; `emit`: detokenising and the token callbacks.
@@ -75,6 +77,7 @@ def instrument(eng: BatchedEngine) -> PhaseClock:
         clock.wrap(eng.runner, "decode_step", "launch")
     else:
         clock.wrap(sp, "_look_ahead", "look_ahead")
+        clock.wrap(sp, "_look_ahead_next", "look_ahead_next")
         clock.wrap(sp, "_layout", "layout")
         clock.wrap(sp, "_run", "launch")
         clock.wrap(sp, "accept", "accept")
@@ -94,7 +97,8 @@ def run_mode(model, tok, clip, mode: str, drafter, k: int, graphs: bool) -> dict
         torch.cuda.synchronize()
     run = run_engine_offline(eng, [clip])
     per = {name: 1e6 * s / run.steps for name, s in clock.seconds.items()}
-    inner = [n for n in ("plan", "encode", "look_ahead", "layout", "launch", "accept", "emit") if n in per]
+    inner = [n for n in ("plan", "encode", "look_ahead", "layout", "launch", "look_ahead_next", "accept", "emit")
+             if n in per]
     per["wait"] = per.pop("run_step") - sum(per[n] for n in inner)
     per["outside_run_step"] = 1e6 * run.seconds / run.steps - per["wait"] - sum(per[n] for n in inner) - per["sync"]
     out = {"steps": run.steps, "wall_us_per_step": 1e6 * run.seconds / run.steps,

@@ -253,6 +253,7 @@ class BatchedEngine:
         if not plan:
             return bool(ended)
         t0 = time.perf_counter()
+        mpt = self.config.streaming.mel_frames_per_token
         try:
             if self.speculator is not None:
                 ids = self.speculator.step(plan.decode)  # look-ahead encoding, drafts, verify
@@ -261,6 +262,13 @@ class BatchedEngine:
                 if need_audio:
                     self.runner.encode_step(need_audio)
                 ids = self.runner.decode_step(plan.decode)
+                # the next position's audio, where it has arrived, is encoded now, queued behind this
+                # LM step: its host work overlaps the device's, and the next step has none. (The LM step
+                # that reads this position's audio row was queued first, so any ring size is safe.)
+                ahead = [s for s in plan.decode if s.audio_done == s.lm_pos + 1 <= s.last_position()
+                         and s.audio_tokens_ready(mpt)]
+                if ahead and self.opts.encode_ahead:
+                    self.runner.encode_step(ahead)
             host = ids.tolist()  # the one device -> host transfer of the step: it waits for the device
             self.runner.fence.passed()  # so every staging copy queued so far has run
         except Exception as exc:  # a failing step fails its streams, never the engine

@@ -41,6 +41,10 @@ class RunnerOptions:
     max_step_tokens: int = 8  # most LM positions one stream runs in a step (speculative verify: k + 1)
     encoder_chunk: int = 1  # most audio tokens per stream per encoder call (speculation raises it)
     lm_scratch_blocks: int = 0  # LM cache blocks outside every ring (tree verification's scratch)
+    # encode the next step's audio (where it has arrived) right after launching this step, so that the
+    # encoder's host work overlaps the device. Off: the encoder runs only for what a step needs, as
+    # before; outputs are the same up to the rounding of other encoder batchings (bf16)
+    encode_ahead: bool = True
 
 
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:

@@ -56,7 +56,6 @@ shape, and a prompt row is laid out like any row without drafts.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar
 
@@ -430,16 +429,6 @@ class Speculator:
                     self.g_verify.buckets, self.g_chain.buckets)
 
     # -- per-stream bookkeeping ----------------------------------------------------------------------
-    @staticmethod
-    def last_position(s: EngineStream) -> int:
-        """Highest LM position the stream may still run (its token would be the last one kept)."""
-        lim = math.inf
-        if s.total_tokens is not None:
-            lim = s.total_tokens - 2
-        if s.max_tokens is not None:
-            lim = min(lim, s.max_tokens - 2)
-        return lim  # type: ignore[return-value]
-
     @torch.no_grad()
     def join(self, streams: list[EngineStream], prefixes: PromptPrefixCache) -> None:
         """Drafter state of newly joined streams, which `prefixes` has just put at position K.
@@ -497,6 +486,8 @@ class Speculator:
         self._look_ahead(streams)
         plan, n_catchup, n_draft = self._layout(streams)
         self._run(plan, n_catchup, n_draft)
+        if self.runner.opts.encode_ahead:
+            self._look_ahead_next(plan)
         return self.v_out[: self.max_rows + plan.rows]
 
     def _look_ahead(self, streams: list[EngineStream]) -> None:
@@ -506,8 +497,26 @@ class Speculator:
             p, prev = s.lm_pos, self.prev_pos[s.slot]
             avail = s.audio_done + s.audio_tokens_ready(self.mpt)
             # never overwrite ring rows this step still reads (positions > prev); no audio past the end
-            upper = min(avail, prev + 1 + self.C, self.last_position(s) + 1)
+            upper = min(avail, prev + 1 + self.C, s.last_position() + 1)
             if s.audio_done - p < self.k + 1 and upper > s.audio_done:
+                work.append((s, min(upper - s.audio_done, self.chunk)))
+        self.lookahead.encode(work)
+
+    def _look_ahead_next(self, plan: _Plan) -> None:
+        """The next step's look-ahead, queued behind this step's verify, so that its host work (sample
+        windows, metadata, a graph launch) runs while the device verifies instead of before the next
+        step's launches (at batch 1 that host work was ~50 us of a ~0.55 ms round).
+
+        The next step reads audio rows of positions p+1 .. p'+k (p' <= p + k + 1, its root): a stream
+        with fewer than 2k + 2 tokens encoded past p gets a chunk now. This step's reads were queued
+        before these writes, and positions below p + 1 + C keep distinct ring rows (C >= 2k + chunk:
+        a whole chunk always fits under that bound)."""
+        work = []
+        for s, p in zip(plan.order, plan.p):
+            if s.audio_done - p >= 2 * self.k + 2:
+                continue
+            upper = min(s.audio_done + s.audio_tokens_ready(self.mpt), p + 1 + self.C, s.last_position() + 1)
+            if upper > s.audio_done:
                 work.append((s, min(upper - s.audio_done, self.chunk)))
         self.lookahead.encode(work)
 
@@ -516,7 +525,7 @@ class Speculator:
         k, C, stride = self.k, self.C, self.stash_stride
         k_s = {}
         for s in streams:
-            decodable = min(s.audio_done, self.last_position(s) + 1) - s.lm_pos
+            decodable = min(s.audio_done, s.last_position() + 1) - s.lm_pos
             assert decodable >= 1, "scheduled stream without audio for its position"
             k_s[s.stream_id] = min(k, decodable - 1) if decodable >= self.cfg.min_buffered_tokens else 0
             if s.lm_pos < s.prompt_len:
@@ -536,16 +545,22 @@ class Speculator:
             # catch-up: positions prev+1 .. p, each reading h_{q-1} from the stash (rows 0 .. p-prev-1)
             # (the stash rows of the positions accepted last step: with a tree, its accepted path's rows)
             path = self._stash_path.get(slot) if self.tree else None
-            c = self._catchup_rows(h, c, i, s, np.arange(prev + 1, p + 1), s.tokens[prev + 1: p + 1],
-                                   slot * stride + (np.arange(p - prev) if path is None else np.array(path[: p - prev])))
-            if ks and self.parallel:
-                # row p drafts token p+1; rows p+1 .. p+ks-1 (mask token, own audio, zero hidden) the rest
-                h["c_last"][i] = c - 1
-                c = self._catchup_rows(h, c, i, s, np.arange(p + 1, p + ks), self.drafter.mask_token_id,
-                                       self.zero_stash)
-            elif ks:
+            # parallel drafting: rows p+1 .. p+ks-1 follow (mask token, own audio, zero hidden state); row
+            # p drafts token p+1 and the mask rows the rest. All these positions are consecutive, so the
+            # rows' positions, cache slots and audio rows are laid out in one go (at batch 1 the layout's
+            # cost is the number of small numpy operations)
+            n_acc, n_mask = p - prev, (ks - 1 if ks and self.parallel else 0)
+            c = self._catchup_rows(h, c, i, s, np.arange(prev + 1, p + 1 + n_mask))
+            h["c_tok"][c - n_acc - n_mask: c - n_mask] = s.tokens[prev + 1: p + 1]
+            h["c_hid"][c - n_acc - n_mask: c - n_mask] = slot * stride + (
+                np.arange(n_acc) if path is None else np.array(path[:n_acc]))
+            if ks:
+                h["c_last"][i] = c - n_mask - 1
+            if n_mask:
+                h["c_tok"][c - n_mask: c] = self.drafter.mask_token_id
+                h["c_hid"][c - n_mask: c] = self.zero_stash
+            elif ks and not self.parallel:
                 # chain step j drafts token p+j+1 at position p+j, reading that position's own audio
-                h["c_last"][i] = c - 1
                 h["dr_dly"][i] = s.delay_tokens
                 if ks > 1:
                     q = np.arange(p + 1, p + ks)
@@ -590,13 +605,10 @@ class Speculator:
         self.meta.upload()
         return plan, c, n_draft
 
-    def _catchup_rows(self, h: dict[str, np.ndarray], c: int, i: int, s: EngineStream, q: np.ndarray,
-                      tokens: np.ndarray | int, hidden_rows: np.ndarray | int) -> int:
+    def _catchup_rows(self, h: dict[str, np.ndarray], c: int, i: int, s: EngineStream, q: np.ndarray) -> int:
         """Lays out drafter rows at positions `q` of stream `s` (the i-th of the step) from catch-up row
-        `c` on, reading `tokens` and the stash rows `hidden_rows`; returns the next free row."""
+        `c` on (all but their tokens and hidden-state rows); returns the next free row."""
         sl = slice(c, c + len(q))
-        h["c_tok"][sl] = tokens
-        h["c_hid"][sl] = hidden_rows
         h["c_slot_mapping"][sl] = self.d_cache.host_slots(s.slot, q)
         h["c_pos"][sl] = q
         h["c_dly"][sl] = s.delay_tokens

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -50,6 +51,16 @@ class EngineStream:
         """Audio tokens that can be computed now and were not computed yet."""
         total = (self.mel.frames_done + self.mel.available()) // mel_frames_per_token
         return max(0, total - self.audio_done)
+
+    def last_position(self) -> float:
+        """Highest LM position the stream may still run (its token would be the last one kept);
+        infinite while the stream's end is unknown."""
+        lim = math.inf
+        if self.total_tokens is not None:
+            lim = self.total_tokens - 2
+        if self.max_tokens is not None:
+            lim = min(lim, self.max_tokens - 2)
+        return lim
 
     def is_finished(self) -> bool:
         if self.ended_by_eos or self.truncated:
