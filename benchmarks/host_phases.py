@@ -93,6 +93,7 @@ def run_mode(model, tok, clip, mode: str, drafter, k: int, graphs: bool) -> dict
     eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
     run_engine_offline(eng, [clip[: 3 * model.config.audio.sampling_rate]])  # warm-up (first shapes)
     clock = instrument(eng)
+    m0 = (eng.speculator.metrics.rounds, eng.speculator.metrics.accepted) if eng.speculator is not None else None
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     run = run_engine_offline(eng, [clip])
@@ -104,8 +105,9 @@ def run_mode(model, tok, clip, mode: str, drafter, k: int, graphs: bool) -> dict
     out = {"steps": run.steps, "wall_us_per_step": 1e6 * run.seconds / run.steps,
            "phases_us_per_step": {n: round(v, 1) for n, v in per.items()},
            "tokens": sum(len(r.token_ids) for r in run.results)}
-    if eng.speculator is not None:
-        out["mean_acceptance_length"] = eng.speculator.metrics.mean_acceptance_length
+    if m0 is not None:  # this run's rounds only (not the warm-up's)
+        m = eng.speculator.metrics
+        out["mean_acceptance_length"] = 1 + (m.accepted - m0[1]) / max(1, m.rounds - m0[0])
     return out
 
 

@@ -152,9 +152,13 @@ def test_max_session_length_ends_gracefully(tiny_ckpt):
     eng.push_audio(long_sid, synthetic_audio(30.0, seed=4))
     eng.push_audio(short_sid, synthetic_audio(0.5, seed=5))
     eng.finish_stream(short_sid)
+    long_stream = eng._controls[long_sid].stream
     drive(eng)
     done = rec.done(long_sid)
     assert isinstance(done, StreamDone) and done.truncated
+    # the encoder stopped at the last position the stream could run, though more audio had arrived
+    assert long_stream.audio_done == long_stream.max_tokens - 1
+    assert long_stream.audio_tokens_ready(model.config.streaming.mel_frames_per_token) > 0
     ref = transcribe(model, tok, synthetic_audio(30.0, seed=4)).token_ids
     assert rec.tokens(long_sid) == ref[: len(rec.tokens(long_sid))]
     assert rec.tokens(short_sid) == transcribe(model, tok, synthetic_audio(0.5, seed=5)).token_ids
@@ -283,3 +287,56 @@ def test_no_garbage_collection_while_graphs_are_captured():
     runner.replay(4)  # the captured graph works
     torch.cuda.synchronize()
     assert (x - before).tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize("encode_ahead", [True, False])
+def test_next_audio_is_encoded_behind_the_lm_step(tiny_ckpt, encode_ahead):
+    """With `encode_ahead` a stream whose next audio token has arrived gets it encoded right after the
+    step's LM launch (its host work then overlaps the device), so the next step starts with its LM
+    launch; without it every step encodes first. Tokens equal the single-stream session's either way,
+    and nothing past a stream's last position is encoded."""
+    path = tiny_ckpt(seed=2)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=2, max_batch=2, encode_ahead=encode_ahead))
+    calls: list[tuple[str, list[tuple[int, int]]]] = []  # per call: kind, (audio_done, lm_pos) of its streams
+    for name in ("encode_step", "decode_step"):
+        real = getattr(eng.runner, name)
+
+        def spy(streams, real=real, name=name):
+            calls.append((name, [(s.audio_done, s.lm_pos) for s in streams]))
+            return real(streams)
+
+        setattr(eng.runner, name, spy)
+    steps: list[list[str]] = []
+    run_step = eng._run_step
+
+    def step(live):
+        n = len(calls)
+        ran = run_step(live)
+        steps.append([kind for kind, _ in calls[n:]])
+        return ran
+
+    eng._run_step = step
+    clips = [synthetic_audio(1.0, seed=1), synthetic_audio(1.6, seed=2)]
+    rec = Recorder()
+    sids = [eng.open_stream(rec, delay_ms=480) for _ in clips]
+    streams = [eng._controls[sid].stream for sid in sids]
+    for sid, clip in zip(sids, clips):
+        eng.push_audio(sid, clip)
+        eng.finish_stream(sid)
+    drive(eng)
+    for sid, clip in zip(sids, clips):
+        assert rec.tokens(sid) == transcribe(model, tok, clip, delay_ms=480).token_ids
+    for s in streams:  # the last position run is total_tokens - 2: its audio is the last one needed
+        assert s.audio_done == s.total_tokens - 1
+    ran = [kinds for kinds in steps if "decode_step" in kinds]
+    if encode_ahead:
+        assert ran[0] == ["encode_step", "decode_step", "encode_step"]
+        assert all(kinds[0] == "decode_step" for kinds in ran[1:])  # the audio was already encoded
+        assert sum(kinds == ["decode_step", "encode_step"] for kinds in ran) >= len(ran) - 3
+        for kind, rows in calls:  # every encoder call after a launch encodes the next position
+            if kind == "encode_step" and rows and rows[0][0] > rows[0][1]:
+                assert all(done == pos + 1 for done, pos in rows)
+    else:
+        assert all(kinds == ["encode_step", "decode_step"] for kinds in ran)

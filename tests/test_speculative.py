@@ -515,7 +515,8 @@ def test_speculative_engine_equals_plain_engine(tiny_ckpt, trained, dtype):
     different delays, joining and leaving at different steps, live, catching up and whole).
 
     In bf16 the look-ahead here encodes one token per stream per step, as the plain engine's encoder
-    does (so nothing is drafted), and the tokens are bit-for-bit the plain engine's; with the
+    does (so nothing is drafted), neither engine encodes ahead (`encode_ahead`, which batches other
+    streams together), and the tokens are bit-for-bit the plain engine's; with the
     earlier eager-prefill joins 3 of these 4 streams differed. With the default look-ahead all 4
     differ in bf16, drafting or not: an encoder call over several tokens or another set of streams
     rounds the audio embeddings differently (measured on the CPU; each stream alone, with its
@@ -1098,3 +1099,57 @@ def test_bad_tree_settings(target):
             BatchedEngine(model, tok, opts=opts, speculative=SpeculativeConfig(par, 4, tree_nodes=bad))
     with pytest.raises(ValueError, match="exceeds the most a round verifies"):
         BatchedEngine(model, tok, opts=opts, speculative=SpeculativeConfig(par, 4, tree_nodes=10**6))
+
+
+@pytest.mark.parametrize("encode_ahead", [True, False])
+def test_next_look_ahead_is_queued_behind_the_verify(target, trained_parallel, encode_ahead):
+    """With `encode_ahead` the look-ahead encoder runs after a step's launches (for the next step: a
+    chunk when fewer than 2k + 2 tokens are encoded past p), so a backlogged stream's steps start with
+    their launches, not with encoder work; without it the look-ahead runs first, as before. The
+    tokens are the single-stream session's either way, no audio past the last position is encoded,
+    and the look-ahead never writes a ring row the next step reads (that would change tokens)."""
+    model, tok = target
+    k = 4
+    opts = runner_options_for(RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False, encode_ahead=encode_ahead),
+                              spec_config(trained_parallel, k))
+    eng = BatchedEngine(model, tok, opts=opts, speculative=spec_config(trained_parallel, k))
+    sp = eng.speculator
+    order: list[str] = []
+    encode, run = sp.lookahead.encode, sp._run
+
+    def spy_encode(work):
+        if work:
+            order.append("encode")
+        return encode(work)
+
+    def spy_run(*args):
+        order.append("run")
+        return run(*args)
+
+    sp.lookahead.encode, sp._run = spy_encode, spy_run
+    run_step = eng._run_step
+
+    def spy_step(live):
+        order.append("step")
+        return run_step(live)
+
+    eng._run_step = spy_step
+    clips = [UNSEEN[0], SEEN[1]]
+    rec = Recorder()
+    sids = [eng.open_stream(rec, delay_ms=480) for _ in clips]
+    streams = [eng._controls[sid].stream for sid in sids]
+    for sid, clip in zip(sids, clips):
+        eng.push_audio(sid, clip)
+        eng.finish_stream(sid)
+    drive(eng)
+    for sid, clip in zip(sids, clips):
+        assert rec.tokens(sid) == reference(model, tok, clip, 480)
+    for s in streams:
+        assert s.audio_done == s.total_tokens - 1
+    steps = [part for part in "".join(x[0] for x in order).split("s") if "r" in part]  # e.g. "ere": one step
+    first_encodes = [i for i, part in enumerate(steps) if part.startswith("e")]
+    late_encodes = [i for i, part in enumerate(steps) if part.endswith("e")]
+    if encode_ahead:  # after the first step, every encoder call comes after the launches
+        assert first_encodes == [0] and len(late_encodes) >= 3
+    else:
+        assert len(first_encodes) >= 3 and late_encodes == []
