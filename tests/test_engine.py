@@ -289,6 +289,23 @@ def test_no_garbage_collection_while_graphs_are_captured():
     assert (x - before).tolist() == [1.0] * 4
 
 
+def assert_whole_clips_transcribed(eng: BatchedEngine, model, tok, clips: list[np.ndarray], delay_ms: int = 480) -> None:
+    """Every clip pushed at once and finished (offline), the engine driven until idle: each stream's
+    tokens are the single-stream session's, and its encoder went exactly as far as its last position
+    needs (the last position run is total_tokens - 2)."""
+    rec = Recorder()
+    sids = [eng.open_stream(rec, delay_ms=delay_ms) for _ in clips]
+    streams = [eng._controls[sid].stream for sid in sids]
+    for sid, clip in zip(sids, clips):
+        eng.push_audio(sid, clip)
+        eng.finish_stream(sid)
+    drive(eng)
+    for sid, clip in zip(sids, clips):
+        assert rec.tokens(sid) == transcribe(model, tok, clip, delay_ms=delay_ms).token_ids
+    for s in streams:
+        assert s.audio_done == s.total_tokens - 1
+
+
 @pytest.mark.parametrize("encode_ahead", [True, False])
 def test_next_audio_is_encoded_behind_the_lm_step(tiny_ckpt, encode_ahead):
     """With `encode_ahead` a stream whose next audio token has arrived gets it encoded right after the
@@ -318,18 +335,7 @@ def test_next_audio_is_encoded_behind_the_lm_step(tiny_ckpt, encode_ahead):
         return ran
 
     eng._run_step = step
-    clips = [synthetic_audio(1.0, seed=1), synthetic_audio(1.6, seed=2)]
-    rec = Recorder()
-    sids = [eng.open_stream(rec, delay_ms=480) for _ in clips]
-    streams = [eng._controls[sid].stream for sid in sids]
-    for sid, clip in zip(sids, clips):
-        eng.push_audio(sid, clip)
-        eng.finish_stream(sid)
-    drive(eng)
-    for sid, clip in zip(sids, clips):
-        assert rec.tokens(sid) == transcribe(model, tok, clip, delay_ms=480).token_ids
-    for s in streams:  # the last position run is total_tokens - 2: its audio is the last one needed
-        assert s.audio_done == s.total_tokens - 1
+    assert_whole_clips_transcribed(eng, model, tok, [synthetic_audio(1.0, seed=1), synthetic_audio(1.6, seed=2)])
     ran = [kinds for kinds in steps if "decode_step" in kinds]
     if encode_ahead:
         assert ran[0] == ["encode_step", "decode_step", "encode_step"]

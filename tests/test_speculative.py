@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import single_thread, synthetic_audio
-from test_engine import Recorder, drive
+from test_engine import Recorder, assert_whole_clips_transcribed, drive
 
 from realtime.config import load_config
 from realtime.engine import BatchedEngine, RunnerOptions
@@ -1134,18 +1134,7 @@ def test_next_look_ahead_is_queued_behind_the_verify(target, trained_parallel, e
         return run_step(live)
 
     eng._run_step = spy_step
-    clips = [UNSEEN[0], SEEN[1]]
-    rec = Recorder()
-    sids = [eng.open_stream(rec, delay_ms=480) for _ in clips]
-    streams = [eng._controls[sid].stream for sid in sids]
-    for sid, clip in zip(sids, clips):
-        eng.push_audio(sid, clip)
-        eng.finish_stream(sid)
-    drive(eng)
-    for sid, clip in zip(sids, clips):
-        assert rec.tokens(sid) == reference(model, tok, clip, 480)
-    for s in streams:
-        assert s.audio_done == s.total_tokens - 1
+    assert_whole_clips_transcribed(eng, model, tok, [UNSEEN[0], SEEN[1]])
     steps = [part for part in "".join(x[0] for x in order).split("s") if "r" in part]  # e.g. "ere": one step
     first_encodes = [i for i, part in enumerate(steps) if part.startswith("e")]
     late_encodes = [i for i, part in enumerate(steps) if part.endswith("e")]
