@@ -40,20 +40,8 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
         return SequentialEngine(net, tokenizer, model_name=model_name, max_streams=max_streams)
     if kind == "batched":
         from realtime.engine import BatchedEngine, RunnerOptions
-        from realtime.engine.model_runner import kv_bytes_per_stream
+        from realtime.engine.engine import bytes_per_stream
 
-        opts = RunnerOptions(max_streams=max_streams, max_batch=max_streams, cuda_graphs=cuda_graphs,
-                             max_session_seconds=max_session_seconds)
-        if net.device.type == "cuda":
-            # capacity is known up front: never admit more streams than their worst-case KV fits
-            per_stream = sum(kv_bytes_per_stream(net, opts))
-            free = torch.cuda.mem_get_info(net.device)[0]
-            fit = int(kv_memory_fraction * free // per_stream)
-            if fit < max_streams:
-                logger.warning("KV memory fits %d streams of %.0f MiB worst case (asked for %d)", fit,
-                               per_stream / 2**20, max_streams)
-                opts = RunnerOptions(max_streams=max(1, fit), max_batch=max(1, fit), cuda_graphs=cuda_graphs,
-                                     max_session_seconds=max_session_seconds)
         speculative = None
         if drafter is not None:  # lossless speculation for backlogged streams (catch-up, flush, files)
             from realtime.engine.speculation import SpeculativeConfig
@@ -66,5 +54,18 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
             logger.info("drafter %s, %d draft tokens per round%s", type(eagle).__name__, k,
                         f", a tree of {tree_nodes} nodes" if tree_nodes else "")
             speculative = SpeculativeConfig(eagle, num_speculative_tokens=k, tree_nodes=tree_nodes)
+        opts = RunnerOptions(max_streams=max_streams, max_batch=max_streams, cuda_graphs=cuda_graphs,
+                             max_session_seconds=max_session_seconds)
+        if net.device.type == "cuda":
+            # capacity is known up front: never admit more streams than their worst-case memory fits
+            # (with speculation: the drafter's KV, a tree's scratch blocks and the deeper audio ring too)
+            per_stream = bytes_per_stream(net, opts, speculative)
+            free = torch.cuda.mem_get_info(net.device)[0]
+            fit = int(kv_memory_fraction * free // per_stream)
+            if fit < max_streams:
+                logger.warning("KV memory fits %d streams of %.0f MiB worst case (asked for %d)", fit,
+                               per_stream / 2**20, max_streams)
+                opts = RunnerOptions(max_streams=max(1, fit), max_batch=max(1, fit), cuda_graphs=cuda_graphs,
+                                     max_session_seconds=max_session_seconds)
         return BatchedEngine(net, tokenizer, opts=opts, model_name=model_name, speculative=speculative)
     raise AssertionError(kind)  # unreachable: checked above

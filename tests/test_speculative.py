@@ -1142,3 +1142,33 @@ def test_next_look_ahead_is_queued_behind_the_verify(target, trained_parallel, e
         assert first_encodes == [0] and len(late_encodes) >= 3
     else:
         assert len(first_encodes) >= 3 and late_encodes == []
+
+
+def _slot_tensor_bytes(eng: BatchedEngine) -> int:
+    """Bytes of every tensor that grows with the engine's stream slots: the KV caches (with a tree's
+    scratch blocks), the audio embedding ring and, with speculation, the drafter's KV and the stash."""
+    r = eng.runner
+    tensors = [*r.enc_cache.k, *r.enc_cache.v, *r.lm_cache.k, *r.lm_cache.v, r.audio_cache]
+    if eng.speculator is not None:
+        sp = eng.speculator
+        tensors += [*sp.d_cache.k, *sp.d_cache.v, sp.stash]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("mode", ["plain", "chain", "tree"])
+def test_bytes_per_stream_is_what_a_slot_allocates(target, trained_parallel, mode):
+    """The capacity planner's figure (`bytes_per_stream`, what the server divides free GPU memory by)
+    equals the growth of the per-slot allocations from one more slot, with speculation and a tree too:
+    a stream admitted on it can never run out of memory mid-stream."""
+    from realtime.engine.engine import bytes_per_stream
+
+    model, tok = target
+    spec = None if mode == "plain" else spec_config(trained_parallel if mode == "chain" else TreeDrafting(trained_parallel, 12), 4)
+    sizes = []
+    for n in (2, 3):
+        opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=False, max_session_seconds=20.0)
+        sizes.append(_slot_tensor_bytes(BatchedEngine(model, tok, opts=opts, speculative=spec)))
+    per = bytes_per_stream(model, RunnerOptions(max_streams=5, max_batch=5, max_session_seconds=20.0), spec)
+    assert per == sizes[1] - sizes[0]
+    if spec is not None:
+        assert per > bytes_per_stream(model, RunnerOptions(max_session_seconds=20.0))

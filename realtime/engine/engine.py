@@ -37,13 +37,24 @@ from ..serving import (
     StreamToken,
 )
 from ..tokenizer import IncrementalDetokenizer, TextTokenizer
-from .model_runner import ModelRunner, RunnerOptions, kv_bytes_per_stream
+from .model_runner import ModelRunner, RunnerOptions, slot_bytes
 from .prompt_prefix import PromptPrefixCache
 from .scheduler import Scheduler
-from .speculation import SpeculativeConfig, Speculator, runner_options_for
+from .speculation import SpeculativeConfig, Speculator, runner_options_for, speculation_bytes_per_stream
 from .stream import EngineStream
 
 logger = logging.getLogger(__name__)
+
+
+def bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions, speculative: SpeculativeConfig | None = None) -> int:
+    """Worst-case device memory one stream slot of a `BatchedEngine(model, opts=opts,
+    speculative=speculative)` reserves: the encoder and LM KV rings and audio embedding rows, and with
+    speculation the drafter's KV ring, a tree's scratch blocks and the stash rows. What capacity planning
+    divides free memory by; the per-row step buffers (a few tens of KiB per stream) are not counted."""
+    if speculative is None:
+        return slot_bytes(model, opts)
+    opts = runner_options_for(opts, speculative)
+    return slot_bytes(model, opts) + speculation_bytes_per_stream(model, opts, speculative)
 
 
 @dataclass
@@ -72,8 +83,7 @@ class BatchedEngine:
         else:
             self.prompt_prefix.get(delay)
         self.scheduler = Scheduler(self.opts.max_batch, self.config.streaming.mel_frames_per_token)
-        enc_b, lm_b = kv_bytes_per_stream(model, self.opts)
-        self.kv_bytes_per_stream = enc_b + lm_b
+        self.bytes_per_stream = bytes_per_stream(model, self.opts, speculative)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._controls: dict[int, _Control] = {}
@@ -111,7 +121,7 @@ class BatchedEngine:
             if not self._free_slots:
                 raise AdmissionError(
                     f"engine is full: {self.opts.max_streams} streams admitted, each reserving "
-                    f"{self.kv_bytes_per_stream / 2**20:.1f} MiB of KV cache (its worst case)")
+                    f"{self.bytes_per_stream / 2**20:.1f} MiB of KV caches and per-stream state (its worst case)")
             slot = self._free_slots.pop()
             sid = self._next_id
             self._next_id += 1
@@ -265,10 +275,11 @@ class BatchedEngine:
                 # the next position's audio, where it has arrived, is encoded now, queued behind this
                 # LM step: its host work overlaps the device's, and the next step has none. (The LM step
                 # that reads this position's audio row was queued first, so any ring size is safe.)
-                ahead = [s for s in plan.decode if s.audio_done == s.lm_pos + 1 <= s.last_position()
-                         and s.audio_tokens_ready(mpt)]
-                if ahead and self.opts.encode_ahead:
-                    self.runner.encode_step(ahead)
+                if self.opts.encode_ahead:
+                    ahead = [s for s in plan.decode if s.audio_done == s.lm_pos + 1 <= s.last_position()
+                             and s.audio_tokens_ready(mpt)]
+                    if ahead:
+                        self.runner.encode_step(ahead)
             host = ids.tolist()  # the one device -> host transfer of the step: it waits for the device
             self.runner.fence.passed()  # so every staging copy queued so far has run
         except Exception as exc:  # a failing step fails its streams, never the engine

@@ -49,13 +49,22 @@ class RunnerOptions:
 
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
     """(encoder, LM) KV bytes one admitted stream reserves."""
-    enc, lm = _cache_specs(model, opts)
-    e_pos, l_pos = _max_positions(model, opts)
+    enc, lm = cache_specs(model, opts)
+    e_pos, l_pos = max_positions(model, opts)
     return (enc.blocks_per_stream(e_pos) * enc.bytes_per_block(model.dtype),
             lm.blocks_per_stream(l_pos) * lm.bytes_per_block(model.dtype))
 
 
-def _cache_specs(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[CacheSpec, CacheSpec]:
+def slot_bytes(model: VoxtralRealtime, opts: RunnerOptions) -> int:
+    """Device memory one stream slot of a runner reserves: its encoder and LM KV rings and its rows of
+    the audio embedding ring (the conv states, a few KiB, are not counted)."""
+    enc, lm = kv_bytes_per_stream(model, opts)
+    elem = torch.empty(0, dtype=model.dtype).element_size()
+    return enc + lm + opts.encoder_cache_tokens * model.config.decoder.hidden_size * elem
+
+
+def cache_specs(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[CacheSpec, CacheSpec]:
+    """(encoder, LM) cache layouts of a runner with these options."""
     c = model.config
     fpt = c.streaming.downsample_factor
     # the prompt prefix is computed densely and copied in, so the rings only cover decode-step queries
@@ -66,7 +75,8 @@ def _cache_specs(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[CacheSpec
     return enc, lm
 
 
-def _max_positions(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int | None, int | None]:
+def max_positions(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int | None, int | None]:
+    """(encoder frames, LM positions) a stream may reach: None without `max_session_seconds`."""
     if opts.max_session_seconds is None:
         return None, None
     c = model.config
@@ -80,8 +90,8 @@ class ModelRunner:
         self.model, self.opts = model, opts
         c = self.cfg = model.config
         dev, dt = self.device, self.dtype = model.device, model.dtype
-        enc_spec, lm_spec = _cache_specs(model, opts)
-        e_pos, l_pos = _max_positions(model, opts)
+        enc_spec, lm_spec = cache_specs(model, opts)
+        e_pos, l_pos = max_positions(model, opts)
         if lm_spec.window is None and l_pos is None:
             raise ValueError("this model's LM has no sliding window: set max_session_seconds")
         self.enc_cache = PagedKVCache(enc_spec, opts.max_streams * enc_spec.blocks_per_stream(e_pos), opts.max_streams,

@@ -11,7 +11,9 @@ Every decode step of every scheduled stream goes through `Speculator.step`:
 
 1. Look-ahead encoding (`lookahead.LookaheadEncoder`): streams with buffered audio get several
    audio tokens encoded per step, so the embeddings of positions p .. p+k are in the encoder
-   cache ring (`audio_cache`, sized here: `runner_options_for`).
+   cache ring (`audio_cache`, sized here: `runner_options_for`). With `RunnerOptions.encode_ahead`
+   the next step's look-ahead is queued right after this step's launches (`_look_ahead_next`), so
+   its host work overlaps the device; the one at the start of a step then rarely has work.
 2. Drafter catch-up: the drafter's KV is made exact up to p, feeding it the target's hidden
    states of the positions accepted last step (kept in `stash`), whether or not the stream drafts
    now; its last row proposes token p+1.
@@ -75,7 +77,7 @@ from .attention import PagedAttention
 from .cuda_graph import DecodeGraphRunner
 from .kv_cache import CacheSpec, PagedKVCache
 from .lookahead import chunk_sizes
-from .model_runner import ModelRunner, RunnerOptions
+from .model_runner import ModelRunner, RunnerOptions, cache_specs, max_positions
 from .prompt_prefix import PromptPrefix, PromptPrefixCache, RecordingAttention, streams_by_delay, write_pages
 from .staging import Field, StepMetadata
 from .stream import EngineStream
@@ -132,6 +134,33 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
         if opts.lm_scratch_blocks < scratch:
             opts = replace(opts, lm_scratch_blocks=scratch)
     return opts if opts.encoder_chunk >= cfg.chunk(opts) else replace(opts, encoder_chunk=cfg.chunk(opts))
+
+
+def drafter_cache_spec(drafter: EagleModel, k: int, block_size: int) -> CacheSpec:
+    """The drafter's KV ring per stream: a parallel drafter's pass holds up to k+1 accepted positions and
+    k-1 draft rows of a stream (2k queries), a chained one k+1."""
+    dc = drafter.config
+    rows_per_stream = 2 * k if supports_parallel_drafting(drafter) else k + 1
+    return CacheSpec(dc.num_layers, dc.num_kv_heads, dc.head_dim, block_size, dc.sliding_window,
+                     max_q_len=rows_per_stream)
+
+
+def speculation_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions, cfg: SpeculativeConfig) -> int:
+    """Device memory speculation adds per stream slot, beyond the runner built with
+    `runner_options_for(opts, cfg)`: the drafter's KV ring, a tree's scratch blocks in the LM cache and
+    the stash rows of the target's hidden states (what `Speculator` allocates per slot)."""
+    opts = runner_options_for(opts, cfg)
+    k, elem = cfg.num_speculative_tokens, torch.empty(0, dtype=model.dtype).element_size()
+    _, max_tokens = max_positions(model, opts)
+    d_spec = drafter_cache_spec(cfg.drafter, k, opts.block_size)
+    out = d_spec.blocks_per_stream(max_tokens) * d_spec.bytes_per_block(model.dtype)
+    verify_rows = 1 + k
+    if cfg.tree_nodes is not None:
+        tree = DraftTree(default_tree_paths(k, cfg.tree_nodes), k)
+        verify_rows = 1 + len(tree.paths)
+        lm = cache_specs(model, opts)[1]
+        out += tree.scratch_blocks(opts.block_size) * lm.bytes_per_block(model.dtype)
+    return out + max(k + 1, verify_rows) * model.config.decoder.hidden_size * elem
 
 
 class RealtimeTarget:
@@ -226,7 +255,6 @@ class Speculator:
         self.mpt = model.config.streaming.mel_frames_per_token
         dev, dt = self.device, self.dtype = runner.device, runner.dtype
 
-        dc = d.config
         # parallel drafting: a stream's catch-up pass holds up to k+1 accepted positions and k-1 draft rows
         self.parallel = supports_parallel_drafting(d)
         # two-pass drafting: the chain's k-1 positions in one pass (laid out as the chain's rows)
@@ -242,8 +270,7 @@ class Speculator:
         self.verify_rows = 1 + (len(self.tree.paths) if self.tree else k)
         self.stash_stride = max(k + 1, self.verify_rows)  # stash rows per slot: the last verify's hidden states
         rows_per_stream = 2 * k if self.parallel else k + 1
-        spec = CacheSpec(dc.num_layers, dc.num_kv_heads, dc.head_dim, opts.block_size, dc.sliding_window,
-                         max_q_len=rows_per_stream)
+        spec = drafter_cache_spec(d, k, opts.block_size)
         width = spec.blocks_per_stream(runner.max_tokens)
         self.d_cache = PagedKVCache(spec, opts.max_streams * width, opts.max_streams, runner.max_tokens, dev, dt)
         for slot in range(opts.max_streams):  # a fixed ring per slot: nothing to admit or release

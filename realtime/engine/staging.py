@@ -8,8 +8,8 @@ staging tensor with numpy, starting from a template that holds every buffer's pa
 one non-blocking copy per dtype moves it all.
 
 A staging tensor must not be rewritten while the copy out of it may still be queued. That is what
-`CopyFence` tracks, without a CUDA event per copy: recording one cost 60-100 us of host time per
-copy on the H200 machine (line profile, twentieth session), more than the rest of a batch-1 layout.
+`CopyFence` tracks, without recording and waiting on a CUDA event per copy (three per plain step at
+batch 1; without them the step's host time fell by ~30 us on the H200, `benchmarks/host_phases.py`).
 The engine waits for the device once per step anyway (its tokens come to the host), and tells the
 fence; each staging buffer is a small ring of pinned copies, so a few uploads between two such waits
 never block, and one more than the ring holds makes the fence wait for the stream itself.
