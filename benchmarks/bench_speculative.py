@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--audio", nargs="*", default=[])
     ap.add_argument("--out", default="bench_speculative.json")
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--tree-max-streams", type=int, default=None,
+                    help="with --tree-nodes: the tree only in steps where at most this many streams draft (default: always)")
     ap.add_argument("--tree-nodes", type=int, default=None,
                     help="tree verification: the target checks the drafter's M best nodes per round (parallel drafters)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
@@ -189,11 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = load_model_and_tokenizer(args.target, device=args.device, dtype=dtype)
     emb = model.language_model.embed_tokens.weight
     drafter = load_drafter(args.drafter, target_embedding=emb, device=args.device, dtype=dtype)
-    spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k, tree_nodes=args.tree_nodes)
+    spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k, tree_nodes=args.tree_nodes,
+                             tree_max_streams=args.tree_max_streams)
     rate = model.config.audio.sampling_rate
     graphs = not args.no_cuda_graphs
     report: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
                     "target": args.target, "drafter": args.drafter, "k": args.k, "tree_nodes": args.tree_nodes,
+                    "tree_max_streams": args.tree_max_streams,
                     "dtype": str(dtype),
                     "cuda_graphs": graphs, "clip_seconds": args.clip_seconds, "offline": {}, "flush": {}}
 

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree-nodes", type=_positive_int, default=None,
                    help="verify a tree of this many drafts per round instead of one chain (parallel drafters; "
                         "more tokens accepted per round, a little more work per round)")
+    p.add_argument("--tree-max-streams", type=_positive_int, default=1,
+                   help="with --tree-nodes: verify the tree only in steps where at most this many streams draft, "
+                        "the chain in busier steps (default 1: a tree paid at batch 1, not at 16 or 64)")
     p.add_argument("--max-session-seconds", type=_nonneg_float, default=0.0,
                    help="end sessions at this length (0: unlimited; a bound lets more streams fit in KV memory)")
     p.add_argument("--served-model-name", nargs="+", default=None,
@@ -156,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = build_engine(args.engine, args.model, model_name=settings.served_model_names[0], device=device,
                           dtype=args.dtype, max_streams=2 * settings.max_sessions, cuda_graphs=not args.no_cuda_graphs,
                           max_session_seconds=args.max_session_seconds or None, drafter=args.drafter,
-                          num_speculative_tokens=args.num_speculative_tokens, tree_nodes=args.tree_nodes)
+                          num_speculative_tokens=args.num_speculative_tokens, tree_nodes=args.tree_nodes,
+                          tree_max_streams=args.tree_max_streams)
     asyncio.run(serve_until_signal(settings, engine))
     return 0

@@ -21,10 +21,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu", dtype: str | None = None,
                  max_streams: int = 64, cuda_graphs: bool = True, max_session_seconds: float | None = None,
                  kv_memory_fraction: float = 0.9, drafter: str | None = None,
-                 num_speculative_tokens: int | None = None, tree_nodes: int | None = None) -> TranscriptionEngine:
+                 num_speculative_tokens: int | None = None, tree_nodes: int | None = None,
+                 tree_max_streams: int | None = 1) -> TranscriptionEngine:
     """Load `model` (a folder or "default") and wrap it in the engine `kind` (not started).
     `num_speculative_tokens` None: the drafter's kind decides (`default_num_speculative_tokens`);
-    `tree_nodes`: tree verification of that many draft nodes per round (parallel drafters)."""
+    `tree_nodes`: tree verification of that many draft nodes per round (parallel drafters), in steps
+    where at most `tree_max_streams` streams draft (None: every step)."""
     if kind not in ENGINES:
         raise ValueError(f"unknown engine {kind!r} (available: {', '.join(ENGINES)})")
     if tree_nodes is not None and drafter is None:
@@ -53,7 +55,8 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
             k = default_num_speculative_tokens(eagle) if num_speculative_tokens is None else num_speculative_tokens
             logger.info("drafter %s, %d draft tokens per round%s", type(eagle).__name__, k,
                         f", a tree of {tree_nodes} nodes" if tree_nodes else "")
-            speculative = SpeculativeConfig(eagle, num_speculative_tokens=k, tree_nodes=tree_nodes)
+            speculative = SpeculativeConfig(eagle, num_speculative_tokens=k, tree_nodes=tree_nodes,
+                                            tree_max_streams=tree_max_streams if tree_nodes else None)
         opts = RunnerOptions(max_streams=max_streams, max_batch=max_streams, cuda_graphs=cuda_graphs,
                              max_session_seconds=max_session_seconds)
         if net.device.type == "cuda":

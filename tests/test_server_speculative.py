@@ -42,6 +42,16 @@ def test_tree_verification_settings_in_the_engine_factory(ckpt, tmp_path):
     eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "parallel"),
                        tree_nodes=12)
     assert len(eng.speculator.tree.paths) == 12 and eng.speculator.verify_rows == 13
+    assert eng.speculator.cfg.tree_max_streams == 1  # by default the tree only when one stream drafts
+    eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "parallel"),
+                       tree_nodes=12, tree_max_streams=None)
+    assert eng.speculator.cfg.tree_max_streams is None
+    eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "parallel"))
+    assert eng.speculator.tree is None and eng.speculator.cfg.tree_max_streams is None
+    from stream_server.app import build_parser
+
+    assert build_parser().parse_args(["--tree-nodes", "24", "--tree-max-streams", "3"]).tree_max_streams == 3
+    assert build_parser().parse_args([]).tree_max_streams == 1
     with pytest.raises(ValueError, match="needs --drafter"):
         build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, tree_nodes=12)
     with pytest.raises(ValueError, match="needs a parallel drafter"):

@@ -34,6 +34,7 @@ from realtime.engine import BatchedEngine, RunnerOptions
 from realtime.engine.offline import transcribe_batch
 from realtime.engine.prompt_prefix import RecordingAttention, silent_prefix_tokens
 from realtime.engine.speculation import RealtimeTarget, SpeculativeConfig, Speculator, runner_options_for
+from realtime.engine.tree import default_tree_paths
 from realtime.loader import CheckpointError, load_model
 from realtime.serving import StreamDone
 from realtime.session import transcribe
@@ -1099,6 +1100,57 @@ def test_bad_tree_settings(target):
             BatchedEngine(model, tok, opts=opts, speculative=SpeculativeConfig(par, 4, tree_nodes=bad))
     with pytest.raises(ValueError, match="exceeds the most a round verifies"):
         BatchedEngine(model, tok, opts=opts, speculative=SpeculativeConfig(par, 4, tree_nodes=10**6))
+    for bad, nodes in ((0, 4), (True, 4), (1.5, 4), (1, None)):
+        with pytest.raises(ValueError, match="tree_max_streams"):
+            BatchedEngine(model, tok, opts=opts,
+                          speculative=SpeculativeConfig(par, 4, tree_nodes=nodes, tree_max_streams=bad))
+
+
+def test_a_chain_inside_a_wider_tree_reads_the_trees_choices():
+    from realtime.engine.tree import DraftTree, chain_paths
+
+    tree = DraftTree(default_tree_paths(4, 12), 4)
+    chain = DraftTree(chain_paths(4), 4, ranks=tree.ranks)
+    lay = chain.layouts[4]
+    assert tree.ranks > 1 and lay.depth.tolist() == [1, 2, 3, 4] and chain.off_chain == 0
+    assert lay.choice_offset.tolist() == [d * tree.ranks for d in range(4)]  # first choice of each depth
+    with pytest.raises(ValueError, match="more than ranks"):
+        DraftTree(tree.paths, 4, ranks=tree.ranks - 1)
+
+
+def test_tree_only_when_few_streams_draft(target, trained_parallel):
+    """`tree_max_streams=1`: a step where two streams draft verifies each one's chain (k_s nodes), a step
+    where one stream drafts its tree; tokens are the single-stream session's throughout (the chain's
+    drafts are read at the tree's stride among the drafter's choices, and a tree step's accepted
+    scratch nodes are committed before a chain step reads the ring)."""
+    model, tok = target
+    k = 4
+    spec = SpeculativeConfig(trained_parallel, num_speculative_tokens=k, tree_nodes=12, tree_max_streams=1)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False),
+                        speculative=spec)
+    sp = eng.speculator
+    seen: list[tuple[int, list[tuple[int, int]]]] = []  # per step: drafting streams, (k_s, nodes) per stream
+    layout = sp._layout
+
+    def spy(streams):
+        plan, n_catchup, n_draft = layout(streams)
+        seen.append((n_draft, [(ks, len(lay.depth)) for ks, (lay, _) in zip(plan.k_s, plan.tree) if ks]))
+        return plan, n_catchup, n_draft
+
+    sp._layout = spy
+    # the short clip ends first: the long one drafts alone after that (both are the drafter's training
+    # clips, where its first choices are right almost always, in chains as in trees)
+    assert_whole_clips_transcribed(eng, model, tok, [SEEN[0][:16000], SEEN[1]])
+    both = [streams for n, streams in seen if n >= 2]
+    alone = [streams for n, streams in seen if n == 1]
+    assert both and alone
+    assert all(nodes == ks for streams in both for ks, nodes in streams)  # chains
+    assert any(nodes > ks for streams in alone for ks, nodes in streams)  # trees
+    # the chain steps draft what a chain engine drafts: at least as many accepted as there
+    chain = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False),
+                          speculative=SpeculativeConfig(trained_parallel, num_speculative_tokens=k))
+    assert_whole_clips_transcribed(chain, model, tok, [SEEN[0][:16000], SEEN[1]])
+    assert eng.stats().spec_accepted >= chain.stats().spec_accepted > 0
 
 
 @pytest.mark.parametrize("encode_ahead", [True, False])

@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="draft tokens per step (default: 6 for a parallel or two-pass drafter, 4 for a chained one)")
     ap.add_argument("--tree-nodes", type=int, default=None,
                     help="verify a tree of this many drafts per round instead of one chain (parallel drafters)")
+    ap.add_argument("--tree-max-streams", type=int, default=1,
+                    help="with --tree-nodes: the tree only in steps where at most this many files draft, the chain "
+                         "in the others (default 1)")
     ap.add_argument("--delay-ms", type=int, default=None)
     ap.add_argument("--batch", type=int, default=16, help="streams decoded together")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -149,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                                    device=args.device, dtype=dtype)
             if args.k is None:
                 args.k = default_num_speculative_tokens(drafter)
-            spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k, tree_nodes=args.tree_nodes)
+            spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k, tree_nodes=args.tree_nodes,
+                                     tree_max_streams=args.tree_max_streams if args.tree_nodes else None)
         audios = [load_audio_file(f, model.config.audio.sampling_rate) for f in args.files]
         n = max(1, min(args.batch, len(audios)))
         opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=not args.no_cuda_graphs,

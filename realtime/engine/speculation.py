@@ -28,7 +28,8 @@ Every decode step of every scheduled stream goes through `Speculator.step`:
 4. Verify: the target runs positions p .. p+k_s of every stream in one flattened batch (live
    streams: 1 row; catching-up streams: k_s + 1 rows) and its greedy argmax decides. With
    `tree_nodes` (parallel drafters; `tree`), a drafting stream's rows are instead a fixed tree of
-   the drafter's likeliest choices per depth, each node at p + its depth.
+   the drafter's likeliest choices per depth, each node at p + its depth (with `tree_max_streams`,
+   only in steps where that few streams draft: busier steps lay out each stream's chain).
 5. `accept` (host): accepted prefix of the drafts (the accepted path of a tree) + the target's
    token after it (the bonus).
 
@@ -81,7 +82,7 @@ from .model_runner import ModelRunner, RunnerOptions, cache_specs, max_positions
 from .prompt_prefix import PromptPrefix, PromptPrefixCache, RecordingAttention, streams_by_delay, write_pages
 from .staging import Field, StepMetadata
 from .stream import EngineStream
-from .tree import DraftTree, TreeLayout, default_tree_paths, walk_tree
+from .tree import DraftTree, TreeLayout, chain_paths, default_tree_paths, walk_tree
 
 if TYPE_CHECKING:
     from speculative.drafter import EagleModel
@@ -101,6 +102,10 @@ class SpeculativeConfig:
     # tree verification (parallel drafters): the target checks this many draft nodes per round, a
     # static tree of the drafter's likeliest choices at each depth (`tree`), instead of one chain of k
     tree_nodes: int | None = None
+    # ... only in steps where at most this many streams draft (None: in every step); in steps with more,
+    # each drafting stream verifies the chain of first choices. A tree's extra rows pay at batch 1 but
+    # cost more than they gain at batches 16 and 64 (docs/benchmarks.md, issue 5)
+    tree_max_streams: int | None = None
 
     def chunk(self, opts: RunnerOptions) -> int:
         top = chunk_sizes(opts.max_step_tokens)[0]
@@ -124,6 +129,10 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
         raise ValueError(f"tree_nodes must be an integer >= 1 or None, got {m!r}")
     if m is not None and m > MAX_TREE_NODES:
         raise ValueError(f"tree_nodes {m} exceeds the most a round verifies ({MAX_TREE_NODES})")
+    t = cfg.tree_max_streams
+    if t is not None and (m is None or isinstance(t, bool) or not isinstance(t, int) or t < 1):
+        raise ValueError(f"tree_max_streams must be an integer >= 1 with tree_nodes, got {t!r}"
+                         + ("" if m is not None else " without tree_nodes"))
     if cfg.min_buffered_tokens < 2:
         raise ValueError(f"min_buffered_tokens must be >= 2, got {cfg.min_buffered_tokens}")
     need = 2 * k + cfg.chunk(opts)
@@ -266,6 +275,9 @@ class Speculator:
                 raise ValueError(f"tree verification needs a parallel drafter (its one pass gives every depth's "
                                  f"distribution); {type(d).__name__} drafts a chain")
             self.tree = DraftTree(default_tree_paths(k, cfg.tree_nodes), k)
+            # steps with more drafting streams than cfg.tree_max_streams verify the chain: the same
+            # buffers and graphs, fewer rows (its drafts sit at the tree's stride among the choices)
+            self.chain_tree = DraftTree(chain_paths(k), k, ranks=self.tree.ranks)
         # verify rows per stream: the root and the drafts (a tree's nodes)
         self.verify_rows = 1 + (len(self.tree.paths) if self.tree else k)
         self.stash_stride = max(k + 1, self.verify_rows)  # stash rows per slot: the last verify's hidden states
@@ -563,6 +575,9 @@ class Speculator:
         order = sorted(streams, key=lambda s: -k_s[s.stream_id])  # drafting streams first
         plan = _Plan(order, [k_s[s.stream_id] for s in order], [s.lm_pos for s in order], [], 0)
         n_draft = sum(1 for x in plan.k_s if x > 0)
+        tree = self.tree
+        if tree is not None and self.cfg.tree_max_streams is not None and n_draft > self.cfg.tree_max_streams:
+            tree = self.chain_tree
         h = self.meta.begin()
         c = v = 0  # rows used so far in the catch-up / verify layouts
         for i, s in enumerate(order):
@@ -599,8 +614,8 @@ class Speculator:
             # tree: its nodes of depth <= k_s, each at p + its depth) the drafter's choices
             plan.verify_base.append(v)
             h["v_tok"][v] = s.tokens[p]
-            if self.tree:
-                lay = self.tree.layouts[ks]
+            if tree is not None:
+                lay = tree.layouts[ks]
                 n = 1 + len(lay.depth)
                 q = p + lay.row_depth
                 # a node off the chain writes its keys to its scratch slot; its ancestors' slots are listed

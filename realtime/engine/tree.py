@@ -69,7 +69,7 @@ class TreeLayout:
 class DraftTree:
     """A static tree of rank paths, validated, with the layout of every draft length 0..k."""
 
-    def __init__(self, paths: list[tuple[int, ...]], k: int) -> None:
+    def __init__(self, paths: list[tuple[int, ...]], k: int, ranks: int | None = None) -> None:
         seen: set[tuple[int, ...]] = set()
         for path in paths:
             if not path or len(path) > k or min(path) < 0:
@@ -80,7 +80,11 @@ class DraftTree:
                 raise ValueError(f"tree path {path!r} comes before its parent {path[:-1]!r}")
             seen.add(path)
         self.paths, self.k = list(paths), k
-        self.ranks = 1 + max((max(p) for p in paths), default=0)  # choices per depth the drafter must give
+        need = 1 + max((max(p) for p in paths), default=0)  # choices per depth the drafter must give
+        if ranks is not None and ranks < need:
+            raise ValueError(f"tree paths use {need} choices per depth, more than ranks={ranks}")
+        # the stride of the drafter's choices per depth (a chain inside a wider tree's buffers: that tree's)
+        self.ranks = need if ranks is None else ranks
         self.off_chain = sum(1 for p in paths if any(p))  # scratch slots per stream
         self.layouts = [self._layout(ks) for ks in range(k + 1)]
 
@@ -106,6 +110,11 @@ class DraftTree:
             off_scratch=np.array([scratch_of[p] for p in paths if any(p)], dtype=np.int64),
             choice_offset=(depth - 1) * self.ranks + np.array([p[-1] for p in paths], dtype=np.int64),
             ancestor_take=anc.clip(min=0), ancestor_mask=(anc >= 0).astype(np.int64))
+
+
+def chain_paths(k: int) -> list[tuple[int, ...]]:
+    """The chain as a tree: the first choice at every depth 1..k."""
+    return [(0,) * d for d in range(1, k + 1)]
 
 
 def walk_tree(next_tokens: list[int], tokens: list[int], base: int, layout: TreeLayout) -> list[int]:
