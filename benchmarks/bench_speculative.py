@@ -2,7 +2,7 @@
 
     python benchmarks/bench_speculative.py --target DIR --drafter DIR [--audio FILES...] --out bench_spec.json
         [--k 4] [--batches 1 16 64] [--clip-seconds 60] [--text-only-drafter DIR] [--device cuda --dtype bf16]
-        [--repeats 3] [--skip-flush] [--tree-nodes M]
+        [--repeats 3] [--skip-flush] [--tree-nodes M [--tree-max-streams N]]
 
 S1  offline transcription (every clip pushed whole and finished, the engine driven flat out) at
     each batch size, without and with speculation: wall time, real-time factor, speed-up, steps,

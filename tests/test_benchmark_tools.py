@@ -74,3 +74,30 @@ def test_kernel_inventory_counts_overlaps_once_and_sorts_kernels_by_kind() -> No
                                      "silu_mul_kernel", "gather_add_kernel")] == [
         "attention", "gemm", "rope", "kv_write", "act", "gather_add"]
     assert summarize_kernels([], 3)["busy_us_per_step"] == 0.0
+
+
+def test_host_phases_times_one_engine_and_accounts_for_its_steps(tiny_ckpt) -> None:
+    """`host_phases.instrument` wraps one engine instance's methods (an engine built later keeps the
+    class's), and a run's phases add up to its wall time per step (`outside_run_step` is what is left)."""
+    from conftest import synthetic_audio
+    from host_phases import instrument
+
+    from realtime.engine import BatchedEngine, RunnerOptions
+    from realtime.engine.offline import run_engine_offline
+    from realtime.loader import load_model
+    from realtime.tokenizer import load_tokenizer
+
+    path = tiny_ckpt(seed=2)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    opts = RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=False)
+    eng = BatchedEngine(model, tok, opts=opts)
+    clock = instrument(eng)
+    run = run_engine_offline(eng, [synthetic_audio(1.5, seed=3)])
+    other = BatchedEngine(model, tok, opts=opts)
+    assert "_run_step" not in vars(other) and "_run_step" in vars(eng)  # only the instrumented instance
+    s = clock.seconds
+    assert set(s) >= {"sync", "run_step", "plan", "encode", "launch", "emit"}
+    inner = s["plan"] + s["encode"] + s["launch"] + s["emit"]
+    assert 0 < inner < s["run_step"] <= run.seconds
+    assert s["run_step"] + s["sync"] <= run.seconds * 1.001
