@@ -7,13 +7,15 @@
 #
 #   bash benchmarks/gpu_tree.sh OUT AUDIO_DIR WHEELS_DIR [NODES...]     (default NODES: 8 16 32 64)
 #   env: K (6), TESTS (1), REPEATS (3), DRAFTER (models/default_drafter),
-#        WIDE (a tree size: also batches 16 and 64 and the flush, chain and that tree; empty: not)
+#        WIDE (a tree size: also batches 16 and 64 and the flush, chain and that tree; empty: not),
+#        TREE_MAX (--tree-max-streams for every tree run: the tree only in steps where that few streams draft;
+#        empty: the tree in every step)
 # WHEELS_DIR holds soundfile, cffi and pycparser wheels (the device lacks soundfile, needed for FLAC);
 # .gpu_shim (mistral-common's vocabulary file) must be in the tree for the tiny test checkpoints.
 set -uo pipefail
 out=$1; audio=$2; wheels=$3; shift 3
 nodes=${*:-8 16 32 64}
-k=${K:-6}; drafter=${DRAFTER:-models/default_drafter}; repeats=${REPEATS:-3}; wide=${WIDE:-}
+k=${K:-6}; drafter=${DRAFTER:-models/default_drafter}; repeats=${REPEATS:-3}; wide=${WIDE:-}; tmax=${TREE_MAX:-}
 mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$wheels"/*.whl
 export PYTHONPATH=/tmp/site:$PWD/.gpu_shim:$PWD
@@ -27,7 +29,8 @@ fi
 bench() {  # name "tree nodes or empty" args...
   local name=$1 m=$2; shift 2
   timeout 150 python3 benchmarks/bench_speculative.py --target models/default --drafter "$drafter" \
-    --audio "$audio"/* --clip-seconds 45 --k "$k" --dtype bf16 ${m:+--tree-nodes $m} "$@" \
+    --audio "$audio"/* --clip-seconds 45 --k "$k" --dtype bf16 ${m:+--tree-nodes $m} \
+    ${m:+${tmax:+--tree-max-streams $tmax}} "$@" \
     --out "$out/$name.json" > "$out/$name.log" 2>&1
   echo "$name rc=$? $(( $(date +%s) - t0 )) s" >> "$out/times.txt"
 }
