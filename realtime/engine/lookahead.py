@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-
-from typing import TYPE_CHECKING
 
 from .attention import PagedAttention
 from .cuda_graph import DecodeGraphRunner
@@ -48,7 +47,7 @@ def chunk_sizes(max_chunk: int) -> list[int]:
 
 
 class LookaheadEncoder:
-    def __init__(self, runner: "ModelRunner", max_chunk: int) -> None:
+    def __init__(self, runner: ModelRunner, max_chunk: int) -> None:
         c = runner.cfg
         if max_chunk > runner.opts.max_step_tokens:
             raise ValueError(f"encoder chunk {max_chunk} exceeds max_step_tokens {runner.opts.max_step_tokens} "
