@@ -426,12 +426,16 @@ def test_max_session_length_with_speculation(target, drafter_kind):
     eng.push_audio(long_sid, long_clip)
     eng.push_audio(short_sid, SEEN[2][:8000])
     eng.finish_stream(short_sid)
+    long_stream = eng._controls[long_sid].stream
     for _ in range(1000):
         if rec.done(long_sid) is not None and rec.done(short_sid) is not None:
             break
         eng._run_step(eng._sync_with_clients())
     done = rec.done(long_sid)
     assert isinstance(done, StreamDone) and done.truncated
+    # the look-ahead stopped at the last position the stream could run, though more audio had arrived
+    assert long_stream.audio_done == long_stream.max_tokens - 1
+    assert long_stream.audio_tokens_ready(model.config.streaming.mel_frames_per_token) > 0
     got = rec.tokens(long_sid)
     assert len(got) == eng.runner.max_tokens - model.config.prompt_length(6)
     assert got == reference(model, tok, long_clip)[: len(got)]

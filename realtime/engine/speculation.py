@@ -155,10 +155,9 @@ def drafter_cache_spec(drafter: EagleModel, k: int, block_size: int) -> CacheSpe
 
 
 def speculation_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions, cfg: SpeculativeConfig) -> int:
-    """Device memory speculation adds per stream slot, beyond the runner built with
-    `runner_options_for(opts, cfg)`: the drafter's KV ring, a tree's scratch blocks in the LM cache and
+    """Device memory speculation adds per stream slot to a runner with options `opts` (already
+    `runner_options_for(..., cfg)`): the drafter's KV ring, a tree's scratch blocks in the LM cache and
     the stash rows of the target's hidden states (what `Speculator` allocates per slot)."""
-    opts = runner_options_for(opts, cfg)
     k, elem = cfg.num_speculative_tokens, torch.empty(0, dtype=model.dtype).element_size()
     _, max_tokens = max_positions(model, opts)
     d_spec = drafter_cache_spec(cfg.drafter, k, opts.block_size)
@@ -530,16 +529,9 @@ class Speculator:
         return self.v_out[: self.max_rows + plan.rows]
 
     def _look_ahead(self, streams: list[EngineStream]) -> None:
-        """Encode audio ahead of the LM: up to `chunk` tokens for a stream with fewer than k+1 ready."""
-        work = []
-        for s in streams:
-            p, prev = s.lm_pos, self.prev_pos[s.slot]
-            avail = s.audio_done + s.audio_tokens_ready(self.mpt)
-            # never overwrite ring rows this step still reads (positions > prev); no audio past the end
-            upper = min(avail, prev + 1 + self.C, s.last_position() + 1)
-            if s.audio_done - p < self.k + 1 and upper > s.audio_done:
-                work.append((s, min(upper - s.audio_done, self.chunk)))
-        self.lookahead.encode(work)
+        """Encode audio ahead of the LM: up to `chunk` tokens for a stream with fewer than k+1 ready.
+        Ring rows of positions > prev (last step's p) are still read by this step."""
+        self._encode_ahead([(s, self.prev_pos[s.slot], s.lm_pos + self.k + 1) for s in streams])
 
     def _look_ahead_next(self, plan: _Plan) -> None:
         """The next step's look-ahead, queued behind this step's verify, so that its host work (sample
@@ -550,11 +542,17 @@ class Speculator:
         with fewer than 2k + 2 tokens encoded past p gets a chunk now. This step's reads were queued
         before these writes, and positions below p + 1 + C keep distinct ring rows (C >= 2k + chunk:
         a whole chunk always fits under that bound)."""
+        self._encode_ahead([(s, p, p + 2 * self.k + 2) for s, p in zip(plan.order, plan.p)])
+
+    def _encode_ahead(self, wants: list[tuple[EngineStream, int, int]]) -> None:
+        """For each (stream, anchor, want): up to `chunk` more audio tokens if fewer than `want` are
+        encoded, never past the audio received, the stream's last position, or position anchor + C
+        (ring rows of positions above the anchor are still to be read)."""
         work = []
-        for s, p in zip(plan.order, plan.p):
-            if s.audio_done - p >= 2 * self.k + 2:
+        for s, anchor, want in wants:
+            if s.audio_done >= want:
                 continue
-            upper = min(s.audio_done + s.audio_tokens_ready(self.mpt), p + 1 + self.C, s.last_position() + 1)
+            upper = min(s.audio_done + s.audio_tokens_ready(self.mpt), anchor + 1 + self.C, s.last_position() + 1)
             if upper > s.audio_done:
                 work.append((s, min(upper - s.audio_done, self.chunk)))
         self.lookahead.encode(work)
@@ -621,7 +619,7 @@ class Speculator:
                 # a node off the chain writes its keys to its scratch slot; its ancestors' slots are listed
                 wslot = self.runner.lm_cache.host_slots(slot, q)
                 wslot[lay.off_rows] = self.scratch_slots[slot][lay.off_scratch]
-                h["v_src"][v + 1: v + n] = i * k * self.tree.ranks + lay.choice_offset
+                h["v_src"][v + 1: v + n] = i * k * tree.ranks + lay.choice_offset
                 h["v_root"][v: v + n] = p
                 h["v_tslots"][v + 1: v + n] = wslot[lay.ancestor_take] * lay.ancestor_mask
                 plan.tree.append((lay, wslot))
