@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from realtime.engine.staging import CopyFence, Field, StagingRing, StepMetadata
+from realtime.engine.staging import CopyFence, Field, StagingRing, StepMetadata, TokenCopy
 
 
 class RecordingFence(CopyFence):
@@ -23,7 +23,7 @@ class RecordingFence(CopyFence):
 
     def wait(self) -> None:  # what waiting does to the state: every earlier copy is done
         self.waits += 1
-        self.epoch += 1
+        self.done = self.issued
 
 
 def test_a_set_copied_since_the_last_wait_is_not_reused_without_waiting():
@@ -41,6 +41,31 @@ def test_a_set_copied_since_the_last_wait_is_not_reused_without_waiting():
     for _ in range(2):
         ring.mark_copied(ring.acquire())
     assert fence.waits == 1
+
+
+def test_a_wait_for_the_tokens_frees_only_the_copies_queued_before_them():
+    """The engine waits for its step's token copy (an event behind it), not for the whole stream:
+    staging copies queued before the tokens are done then, the next step's encoder metadata queued
+    after them may not be."""
+    fence = RecordingFence()
+    ring = StagingRing(fence, depth=2)
+    a = ring.acquire()
+    ring.mark_copied(a)  # this step's metadata
+    upto = fence.mark()  # the tokens' copy is queued here
+    b = ring.acquire()
+    ring.mark_copied(b)  # the next step's audio, queued after the tokens
+    fence.passed(upto)
+    assert ring.acquire() == a and fence.waits == 0  # copied before the tokens: free
+    ring.mark_copied(a)
+    assert ring.acquire() == b and fence.waits == 1  # copied after them: the fence had to wait
+
+
+def test_token_copy_returns_the_steps_ids_and_grows():
+    copy = TokenCopy(2, torch.device("cpu"))
+    copy.start(torch.tensor([5, 6]))
+    assert copy.wait() == [5, 6]
+    copy.start(torch.arange(7))  # more than it was sized for
+    assert copy.wait() == list(range(7))
 
 
 def test_a_set_acquired_but_never_copied_out_of_needs_no_wait():
@@ -84,7 +109,7 @@ def test_the_plain_fence_never_waits_on_the_cpu():
     ring = StagingRing(fence, depth=1)
     for _ in range(3):
         ring.mark_copied(ring.acquire())
-    assert fence.epoch == 0
+    assert fence.done == 0
 
 
 @pytest.mark.gpu
@@ -135,3 +160,22 @@ def test_host_slot_lookup_equals_the_block_table_arithmetic():
     blocks = cache.tables_host[1].astype(np.int64)
     assert np.array_equal(cache.host_slots(1, positions[:8]),
                           blocks[(positions[:8] // 4) % cache.width] * 4 + positions[:8] % 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_token_copy_takes_the_ids_before_later_work_changes_them():
+    """The copy is queued in stream order: work queued after `start` (here: overwriting the ids behind a
+    slow matrix product) cannot change what `wait` returns, and `wait` returns the step's ids."""
+    dev = torch.device("cuda")
+    big = torch.randn(4096, 4096, device=dev)
+    ids = torch.zeros(64, dtype=torch.int64, device=dev)
+    copy = TokenCopy(64, dev)
+    for step in range(5):
+        big = big @ big / 64.0  # the step's work, still running when the copy is queued
+        ids.fill_(step)
+        copy.start(ids)
+        big = big @ big / 64.0  # later work ...
+        ids.fill_(-1)  # ... that overwrites the ids
+        assert copy.wait() == [step] * 64
+    torch.cuda.synchronize()

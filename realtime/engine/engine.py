@@ -41,6 +41,7 @@ from .model_runner import ModelRunner, RunnerOptions, slot_bytes
 from .prompt_prefix import PromptPrefixCache
 from .scheduler import Scheduler
 from .speculation import SpeculativeConfig, Speculator, runner_options_for, speculation_bytes_per_stream
+from .staging import TokenCopy
 from .stream import EngineStream
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class BatchedEngine:
             self.opts = runner_options_for(self.opts, speculative)
         self.runner = ModelRunner(model, self.opts)
         self.speculator = Speculator(self.runner, speculative) if speculative is not None else None
+        # a step's output: the runner's next ids, or the speculator's verify argmaxes and inputs
+        out = self.opts.max_batch if self.speculator is None else self.speculator.v_out.numel()
+        self._token_copy = TokenCopy(out, self.runner.device)
         self.prompt_prefix = PromptPrefixCache(self.runner)
         delay = self.config.delay_tokens()  # the usual delay's prefixes now, not in the first join's step
         if self.speculator is not None:
@@ -272,16 +276,22 @@ class BatchedEngine:
                 if need_audio:
                     self.runner.encode_step(need_audio)
                 ids = self.runner.decode_step(plan.decode)
-                # the next position's audio, where it has arrived, is encoded now, queued behind this
-                # LM step: its host work overlaps the device's, and the next step has none. (The LM step
-                # that reads this position's audio row was queued first, so any ring size is safe.)
-                if self.opts.encode_ahead:
+            # the one device -> host transfer of the step, queued now: the host later waits for it alone
+            queued = self.runner.fence.mark()
+            self._token_copy.start(ids)
+            if self.opts.encode_ahead:
+                # the next step's audio, where it has arrived, is encoded now, queued behind this step: its
+                # host work overlaps the device, the tokens do not wait for it, and the next step has none.
+                # (This step's reads of the audio rows were queued first, so the writes cannot reach them.)
+                if self.speculator is not None:
+                    self.speculator.look_ahead_next()
+                else:
                     ahead = [s for s in plan.decode if s.audio_done == s.lm_pos + 1 <= s.last_position()
                              and s.audio_tokens_ready(mpt)]
                     if ahead:
                         self.runner.encode_step(ahead)
-            host = ids.tolist()  # the one device -> host transfer of the step: it waits for the device
-            self.runner.fence.passed()  # so every staging copy queued so far has run
+            host = self._token_copy.wait()
+            self.runner.fence.passed(queued)  # the staging copies queued before the tokens have run
         except Exception as exc:  # a failing step fails its streams, never the engine
             logger.exception("engine step failed")
             for s in plan.decode:

@@ -12,8 +12,9 @@ Every decode step of every scheduled stream goes through `Speculator.step`:
 1. Look-ahead encoding (`lookahead.LookaheadEncoder`): streams with buffered audio get several
    audio tokens encoded per step, so the embeddings of positions p .. p+k are in the encoder
    cache ring (`audio_cache`, sized here: `runner_options_for`). With `RunnerOptions.encode_ahead`
-   the next step's look-ahead is queued right after this step's launches (`_look_ahead_next`), so
-   its host work overlaps the device; the one at the start of a step then rarely has work.
+   the engine queues the next step's look-ahead right after this step's launches and its token copy
+   (`look_ahead_next`), so its host work overlaps the device and the tokens do not wait for it; the
+   look-ahead at the start of a step then rarely has work.
 2. Drafter catch-up: the drafter's KV is made exact up to p, feeding it the target's hidden
    states of the positions accepted last step (kept in `stash`), whether or not the stream drafts
    now; its last row proposes token p+1.
@@ -524,9 +525,13 @@ class Speculator:
         self._look_ahead(streams)
         plan, n_catchup, n_draft = self._layout(streams)
         self._run(plan, n_catchup, n_draft)
-        if self.runner.opts.encode_ahead:
-            self._look_ahead_next(plan)
         return self.v_out[: self.max_rows + plan.rows]
+
+    def look_ahead_next(self) -> None:
+        """After `step` (and after the step's tokens were queued for the host, so that they do not wait
+        for it): queue the next step's look-ahead (`_look_ahead_next`)."""
+        assert self._plan is not None, "look_ahead_next follows step"
+        self._look_ahead_next(self._plan)
 
     def _look_ahead(self, streams: list[EngineStream]) -> None:
         """Encode audio ahead of the LM: up to `chunk` tokens for a stream with fewer than k+1 ready.

@@ -24,48 +24,83 @@ import torch
 
 
 class CopyFence:
-    """Counts the host's waits for the device stream that the staging copies run on.
+    """Which staging copies have surely finished: every copy gets a ticket as it is queued, and the
+    host's waits for the device stream say up to which ticket the copies are done.
 
-    After a wait, every copy queued before it has finished, so every staging buffer is free again.
-    `passed()`: the caller has just waited (e.g. a blocking device -> host copy of a step's tokens,
-    which runs after everything queued before it on the same stream). `wait()`: wait now."""
+    `mark()`: the tickets issued so far; `passed(upto)`: the caller has just waited for everything queued
+    before `mark()` returned `upto` (e.g. an event recorded after a step's device -> host token copy), or
+    for everything queued so far (upto None); `wait()`: wait for the whole stream now."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.epoch = 0  # number of waits so far
+        self.issued = 0  # tickets handed out
+        self.done = 0  # tickets below this are finished copies
         # CPU copies are synchronous: a staging buffer is free as soon as its copy returns
         self.asynchronous = device.type == "cuda"
 
-    def passed(self) -> None:
-        self.epoch += 1
+    def ticket(self) -> int:
+        self.issued += 1
+        return self.issued - 1
+
+    def mark(self) -> int:
+        return self.issued
+
+    def passed(self, upto: int | None = None) -> None:
+        self.done = max(self.done, self.issued if upto is None else upto)
 
     def wait(self) -> None:
         if self.asynchronous:
             torch.cuda.current_stream(self.device).synchronize()
-        self.epoch += 1
+        self.done = self.issued
 
 
 class StagingRing:
     """`depth` sets of host staging tensors (pinned on CUDA) that take turns.
 
     `acquire()` returns the index of the next set, after making sure no copy out of it can still be
-    queued: a set used since the fence's last wait makes the fence wait (on the CPU copies are
-    synchronous and nothing waits)."""
+    queued: a set whose last copy the fence does not know to be done makes the fence wait (on the CPU
+    copies are synchronous and nothing waits)."""
 
     def __init__(self, fence: CopyFence, depth: int = 2) -> None:
         self.fence, self.depth = fence, depth
-        self._used_at = [-1] * depth  # the fence epoch in which each set was last copied out of
+        self._ticket = [-1] * depth  # the ticket of each set's last copy (-1: never copied out of)
         self._next = 0
 
     def acquire(self) -> int:
         i = self._next
         self._next = (i + 1) % self.depth
-        if self.fence.asynchronous and self._used_at[i] == self.fence.epoch:
+        if self.fence.asynchronous and self._ticket[i] >= self.fence.done:
             self.fence.wait()
         return i
 
     def mark_copied(self, i: int) -> None:
-        self._used_at[i] = self.fence.epoch
+        self._ticket[i] = self.fence.ticket()
+
+
+class TokenCopy:
+    """A step's token ids to the host without waiting for the work queued after them: a non-blocking
+    copy into pinned memory and an event right behind it (CUDA); the host then waits for that event, not
+    for the whole stream, so work queued after `start` (the next step's audio) runs while the host
+    handles the tokens. On the CPU the copy is immediate."""
+
+    def __init__(self, numel: int, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._buf = torch.empty(numel, dtype=torch.int64, pin_memory=self.cuda)
+        self._event = torch.cuda.Event() if self.cuda else None
+        self._n = 0
+
+    def start(self, ids: torch.Tensor) -> None:
+        self._n = ids.numel()
+        if self._n > self._buf.numel():  # sized for the engine's step output; grows if a step has more
+            self._buf = torch.empty(self._n, dtype=torch.int64, pin_memory=self.cuda)
+        self._buf[: self._n].copy_(ids, non_blocking=self.cuda)
+        if self._event is not None:
+            self._event.record()
+
+    def wait(self) -> list[int]:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._buf[: self._n].tolist()
 
 
 @dataclass(frozen=True)
