@@ -37,7 +37,7 @@ from websockets.exceptions import ConnectionClosed
 
 from realtime.serving import TranscriptionEngine
 
-from .engine_stream import EngineStream
+from .engine_stream import EngineEvents, EngineStream
 from .events import ProtocolError, dumps, new_id
 from .metrics import Metrics
 from .settings import ServerSettings
@@ -58,6 +58,13 @@ class ServerContext:
     metrics: Metrics
     vad_executor: Executor
     started_at: float = field(default_factory=time.time)
+    _engine_events: EngineEvents | None = field(default=None, repr=False)
+
+    def engine_events(self, loop: asyncio.AbstractEventLoop) -> EngineEvents:
+        """The engine -> loop event queue every session of this server on `loop` shares."""
+        if self._engine_events is None or self._engine_events.loop is not loop:
+            self._engine_events = EngineEvents(loop)
+        return self._engine_events
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -125,6 +132,7 @@ class Connection:
         self.ws, self.ctx = ws, ctx
         self.settings, self.metrics, self.engine = ctx.settings, ctx.metrics, ctx.engine
         self.loop = asyncio.get_running_loop()
+        self.engine_events = ctx.engine_events(self.loop)
         self.session_id = new_id("sess-", 16)  # vLLM's form: "sess-" + 32 hex digits
         self.created = int(time.time())
         self.outbox = Outbox()

@@ -346,7 +346,7 @@ class OpenAIDialect:
     def _open_item(self, start_sample: int) -> Item:
         item_id = new_id("item_")
         try:
-            stream = EngineStream(self.conn.engine, self.conn.loop, delay_ms=self.config.delay_ms,
+            stream = EngineStream(self.conn.engine, self.conn.engine_events, delay_ms=self.config.delay_ms,
                                   offset_ms=_ms(start_sample), on_token=partial(self._on_token, item_id),
                                   on_end=partial(self._on_end, item_id))
         except AdmissionError as exc:

@@ -186,7 +186,7 @@ class VllmDialect:
             raise ProtocolError("utterance_in_progress", "An utterance is already running: end it with "
                                 "input_audio_buffer.commit {\"final\": true} before starting another")
         try:
-            u = EngineStream(self.conn.engine, self.conn.loop, delay_ms=self.delay_ms, offset_ms=0,
+            u = EngineStream(self.conn.engine, self.conn.engine_events, delay_ms=self.delay_ms, offset_ms=0,
                              on_token=self._on_token, on_end=self._on_end)
         except AdmissionError as exc:
             raise ProtocolError("server_busy", "The engine is at capacity; try the commit again shortly",

@@ -346,3 +346,41 @@ def test_next_audio_is_encoded_behind_the_lm_step(tiny_ckpt, encode_ahead):
                 assert all(done == pos + 1 for done, pos in rows)
     else:
         assert all(kinds == ["encode_step", "decode_step"] for kinds in ran)
+
+
+def test_a_step_visits_only_the_streams_with_work(tiny_ckpt):
+    """Between steps the engine looks only at streams a client touched or that still have work: 20
+    admitted streams without new audio cost a step nothing (a load test showed per-step scans of every
+    stream making the engine thread the bottleneck at 512 paced streams). A stream that gets audio again
+    is served again, with the tokens of a single-stream session."""
+    path = tiny_ckpt(seed=1)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=24, max_batch=24, block_size=4))
+    rec = Recorder()
+    idle = [eng.open_stream(rec) for _ in range(20)]
+    busy = eng.open_stream(rec)
+    drive(eng)  # joins; the prompt rows the left padding allows run now
+    eng._sync_with_clients()  # streams left without work are set aside here
+    visits: dict[int, int] = {}
+    for sid in [*idle, busy]:
+        s = eng._controls[sid].stream
+        for name in ("audio_tokens_ready", "is_finished"):
+            def counted(*a, _f=getattr(s, name), _sid=sid, **k):
+                visits[_sid] = visits.get(_sid, 0) + 1
+                return _f(*a, **k)
+            setattr(s, name, counted)
+    clip = synthetic_audio(2.0, seed=5)
+    for start in range(0, 16000, 1280):  # 1 s in 80 ms chunks, a step after each
+        eng.push_audio(busy, clip[start: start + 1280])
+        eng._run_step(eng._sync_with_clients())
+    assert eng._step >= 10
+    assert visits.get(busy, 0) > 0
+    assert [visits.get(sid, 0) for sid in idle] == [0] * len(idle)
+    # an idle stream that gets audio again is served, exactly
+    late = idle[3]
+    eng.push_audio(late, clip[:12000])
+    eng.finish_stream(late)
+    drive(eng)
+    assert isinstance(rec.done(late), StreamDone)
+    assert rec.tokens(late) == transcribe(model, tok, clip[:12000]).token_ids

@@ -256,3 +256,41 @@ def test_final_fields_are_the_same_extensions_in_both_dialects():
     many = [Word("w", i, i + 1) for i in range(MAX_FINAL_WORDS + 1)]
     long = StreamOutcome("", 0, 0, many, many[-2:], 0, 0, 0.0).final_fields()
     assert long["words_truncated"] is True and len(long["words"]) == 2
+
+
+def test_engine_events_keep_order_wake_the_loop_once_per_burst_and_isolate_failures():
+    """The engine thread's events reach the loop in order, with one loop wake-up for everything queued
+    before the drain runs (not one per token); a delivery that raises costs only its own event; once the
+    loop is closed, events are dropped without an error reaching the engine thread."""
+    import asyncio
+    import threading
+
+    from stream_server.engine_stream import EngineEvents
+
+    loop = asyncio.new_event_loop()
+    wakes = []
+    real = loop.call_soon_threadsafe
+
+    def counting(cb, *args):
+        wakes.append(cb)
+        return real(cb, *args)
+
+    loop.call_soon_threadsafe = counting
+    events = EngineEvents(loop)
+    got: list[int] = []
+
+    def broken(ev: int) -> None:
+        raise RuntimeError("a session's handler failed")
+
+    burst = threading.Thread(target=lambda: [events.put(broken if i == 5 else got.append, i) for i in range(100)])
+    burst.start()
+    burst.join()
+    loop.run_until_complete(asyncio.sleep(0))
+    assert got == [i for i in range(100) if i != 5]
+    assert len(wakes) == 1
+    events.put(got.append, 100)  # after a drain the next event wakes the loop again
+    loop.run_until_complete(asyncio.sleep(0))
+    assert got[-1] == 100 and len(wakes) == 2
+    loop.close()
+    events.put(got.append, 101)  # the loop is gone: dropped, no exception
+    assert got[-1] == 100

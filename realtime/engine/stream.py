@@ -68,8 +68,6 @@ class EngineStream:
         return self.total_tokens is not None and len(self.tokens) >= self.total_tokens
 
     def ingest(self, chunks: list[np.ndarray]) -> None:
-        import torch
-
         for c in chunks:
-            self.mel.push(torch.from_numpy(c))
+            self.mel.push(c)
             self.user_samples += c.size
