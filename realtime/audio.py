@@ -184,7 +184,7 @@ class IncrementalLogMel:
     def for_stream(cls, cfg: ModelConfig) -> "IncrementalLogMel":
         """The front-end of a new stream: already holding the stream's left padding of silence."""
         mel = cls(cfg.audio)
-        mel.push(torch.zeros(cfg.left_pad_samples))
+        mel.push(np.zeros(cfg.left_pad_samples, dtype=np.float32))
         return mel
 
     def push(self, samples: torch.Tensor | np.ndarray) -> None:

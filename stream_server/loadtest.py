@@ -38,14 +38,17 @@ import argparse
 import asyncio
 import base64
 import bisect
+import functools
 import json
 import logging
 import math
+import multiprocessing
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
@@ -462,6 +465,53 @@ async def run_level(cfg: ClientConfig, audios: Sequence[np.ndarray], n: int, *, 
     return LevelResult(summarize(results, time.perf_counter() - t0, slo_ms), results)
 
 
+@functools.lru_cache(maxsize=4)
+def _files(paths: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+    return tuple(load_pcm16(p) for p in paths)
+
+
+def _run_shard(cfg: ClientConfig, paths: tuple[str, ...], duration_s: float | None, indices: list[int], n: int,
+               t0: float, stagger_ms: float) -> list[StreamResult]:
+    """A worker process's clients of one level: streams `indices` of `n`, on the level's schedule (`t0`
+    is a `time.perf_counter` instant, which is the system's monotonic clock, the same in every process)."""
+    files = _files(paths)
+
+    async def shard() -> list[StreamResult]:
+        return list(await asyncio.gather(*(
+            run_stream(cfg, stream_audio(files, i, duration_s), i, t0 + stagger_ms / 1000 * i / max(1, n))
+            for i in indices)))
+
+    return asyncio.run(shard())
+
+
+class ClientProcesses:
+    """Worker processes that run a level's clients between them, so that the load generator is not the
+    bottleneck: one Python process holds a few hundred paced clients before its own event loop makes them
+    late (their send lag grows and the delays it measures include its own queueing). Stream i runs in
+    worker i mod P; every client measures against its own process's clock readings."""
+
+    def __init__(self, processes: int, paths: Sequence[str], duration_s: float | None) -> None:
+        self.processes, self.paths, self.duration_s = processes, tuple(str(p) for p in paths), duration_s
+        # spawn, not fork: the parent runs an event loop
+        self.pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+        # start every worker and load the audio there now, not inside the first level's schedule
+        list(self.pool.map(_files, [self.paths] * processes))
+
+    async def run_level(self, cfg: ClientConfig, n: int, *, slo_ms: float, stagger_ms: float = 0.0,
+                        start_margin_s: float = 1.0) -> LevelResult:
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter() + start_margin_s  # the workers have this long to pick up their shard
+        shards = [list(range(k, n, self.processes)) for k in range(min(self.processes, n))]
+        parts = await asyncio.gather(*(
+            loop.run_in_executor(self.pool, _run_shard, cfg, self.paths, self.duration_s, idx, n, t0, stagger_ms)
+            for idx in shards))
+        results = sorted((r for part in parts for r in part), key=lambda r: r.index)
+        return LevelResult(summarize(results, time.perf_counter() - t0, slo_ms), results)
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Capacity search
 # ---------------------------------------------------------------------------------------------
@@ -639,6 +689,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--stagger-ms", type=float, default=500.0, help="spread stream starts over this long")
     ap.add_argument("--final-timeout", type=float, default=60.0, help="max wait for the final transcript (s)")
     ap.add_argument("--max-time", type=float, default=3600.0, help="stop the ramp/search after this long (s)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="client processes sharing each level's streams (one process holds a few hundred "
+                         "paced clients before it falls behind: watch the lag column)")
     ap.add_argument("--out", type=Path, default=None, help="JSON results file (plots go beside it)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
@@ -656,6 +709,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             ap.error("--ramp needs stream counts >= 1")
     if args.search is not None and args.search < 1:
         ap.error("--search needs a maximum >= 1")
+    if args.processes < 1:
+        ap.error("--processes must be at least 1")
     return args
 
 
@@ -675,10 +730,15 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[LevelResul
             audio_cache[i] = stream_audio(files, i, args.duration)
         return audio_cache[i]
 
+    workers = ClientProcesses(args.processes, args.files, args.duration) if args.processes > 1 else None
+
     async def measure(n: int) -> LevelSummary:
         logger.info("level: %d concurrent stream(s)", n)
-        level = await run_level(cfg, [audio_for(i) for i in range(n)], n, slo_ms=slo_ms,
-                                stagger_ms=args.stagger_ms)
+        if workers is not None:
+            level = await workers.run_level(cfg, n, slo_ms=slo_ms, stagger_ms=args.stagger_ms)
+        else:
+            level = await run_level(cfg, [audio_for(i) for i in range(n)], n, slo_ms=slo_ms,
+                                    stagger_ms=args.stagger_ms)
         levels.append(level)
         s = level.summary
         logger.info("%d streams: p99 %s ms, %d errors, %d rejected -> %s", n,
@@ -688,17 +748,21 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[LevelResul
 
     started = time.time()
     deadline = time.monotonic() + args.max_time
-    if args.ramp is not None:
-        outcome = await search_capacity(measure, slo_ms, levels=args.ramp, deadline=deadline)
-        mode = "ramp"
-    elif args.search is not None:
-        outcome = await search_capacity(measure, slo_ms, max_streams=args.search, deadline=deadline)
-        mode = "search"
-    else:
-        n = args.streams or 1
-        s = await measure(n)
-        outcome = SearchOutcome(n if s.passes_slo else 0, [n])
-        mode = "streams"
+    try:
+        if args.ramp is not None:
+            outcome = await search_capacity(measure, slo_ms, levels=args.ramp, deadline=deadline)
+            mode = "ramp"
+        elif args.search is not None:
+            outcome = await search_capacity(measure, slo_ms, max_streams=args.search, deadline=deadline)
+            mode = "search"
+        else:
+            n = args.streams or 1
+            s = await measure(n)
+            outcome = SearchOutcome(n if s.passes_slo else 0, [n])
+            mode = "streams"
+    finally:
+        if workers is not None:
+            workers.close()
     levels.sort(key=lambda lv: lv.summary.streams)
     report = {
         "tool": "stream_server.loadtest",
@@ -706,7 +770,7 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[LevelResul
             "url": redacted(endpoint(cfg)), "dialect": cfg.dialect, "model": model,
             "files": [str(f) for f in args.files], "duration_s": args.duration, "rate": cfg.rate,
             "delay_ms": cfg.delay_ms, "chunk_ms": cfg.chunk_ms, "stagger_ms": args.stagger_ms, "mode": mode,
-            "ramp": args.ramp, "search_max": args.search,
+            "ramp": args.ramp, "search_max": args.search, "processes": args.processes,
         },
         "slo": {"metric": "emission delay p99 (ms)", "threshold_ms": slo_ms},
         "max_streams_within_slo": outcome.best,

@@ -96,6 +96,28 @@ def test_small_run_writes_json_and_matches_single_clients(server: ServerThread, 
         assert (tmp_path / "results_vs_streams.png").stat().st_size > 0
 
 
+def test_clients_spread_over_processes(server: ServerThread, short_wav: Path, tmp_path: Path) -> None:
+    """`--processes 2`: the level's streams run in two worker processes (stream i in worker i mod 2) and come
+    back as one level: every stream, in index order, each with its file's text and its delays."""
+    out = tmp_path / "results.json"
+    rc = loadtest.main(["--url", server.ws_url, "--streams", "3", "--rate", "4", "--files", str(SAMPLE),
+                        str(short_wav), "--stagger-ms", "0", "--processes", "2", "--out", str(out), "--no-plots",
+                        "-q"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["processes"] == 2
+    (level,) = report["levels"]
+    assert (level["summary"]["completed"], level["summary"]["errors"]) == (3, 0)
+    assert [r["index"] for r in level["stream_results"]] == [0, 1, 2]
+    refs = [reference_text(server.ws_url, SAMPLE), reference_text(server.ws_url, short_wav)]
+    for r in level["stream_results"]:
+        assert r["text"] == r["delta_text"] == refs[r["index"] % 2]
+        assert r["delay_samples"] > 0
+    assert level["summary"]["delay_samples"] == len(level["delays_ms"]) == sum(
+        r["delay_samples"] for r in level["stream_results"])
+    assert min(level["delays_ms"]) >= 0
+
+
 def test_openai_dialect_run(server: ServerThread, short_wav: Path) -> None:
     cfg = ClientConfig(url=server.ws_url, dialect="openai", model=MODEL, rate=4)
     pcm = loadtest.load_pcm16(short_wav)

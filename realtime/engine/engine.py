@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from ..audio import IncrementalLogMel, as_mono_float32
 from ..model import VoxtralRealtime
@@ -255,7 +254,7 @@ class BatchedEngine:
 
     def _apply_finish(self, s: EngineStream) -> None:
         pad, s.total_tokens = self.config.finish_padding(s.user_samples, s.delay_tokens)
-        s.mel.push(torch.zeros(pad))
+        s.mel.push(np.zeros(pad, dtype=np.float32))
         s.finish_requested = True
 
     def _has_pending_work(self) -> bool:
