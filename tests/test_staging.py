@@ -153,6 +153,12 @@ def test_host_slot_lookup_equals_the_block_table_arithmetic():
         assert np.array_equal(cache.host_slots(slot, positions), want)
         dev = cache.slot_mapping(torch.full((len(positions),), slot), torch.from_numpy(positions))
         assert np.array_equal(dev.numpy(), want)
+    # many streams at once: row i for the stream in slots[i], the same numbers as one call per stream
+    rows = np.stack([positions[:40], positions[7:47] * 3, positions[:40]])
+    many = cache.host_slots_rows(np.array([2, 0, 0]), rows)
+    assert many.dtype == np.int64
+    assert np.array_equal(many, np.stack([cache.host_slots(2, rows[0]), cache.host_slots(0, rows[1]),
+                                          cache.host_slots(0, rows[2])]))
     cache.release(2)
     with pytest.raises(KeyError):
         cache.host_slots(2, positions)

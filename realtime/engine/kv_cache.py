@@ -121,6 +121,14 @@ class PagedKVCache:
         """`slot_mapping` for one stream on the host (int64), from the mirrored ring table."""
         return self._slots_host[slot][positions % self.ring_positions]
 
+    def host_slots_rows(self, slots: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """`host_slots` for many streams at once: row i of `positions` [B, M] belongs to stream slot
+        `slots[i]`; one indexing of the mirrored block tables instead of a call per stream (a step with
+        hundreds of streams spent ~1 us per stream per call on the host)."""
+        bs = self.spec.block_size
+        blocks = self.tables_host[np.asarray(slots)[:, None], (positions // bs) % self.width]
+        return blocks.astype(np.int64) * bs + positions % bs
+
     def slot_mapping(self, stream_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Flat cache slot (physical_block * block_size + offset) of each (stream slot, position)."""
         bs = self.spec.block_size

@@ -134,14 +134,16 @@ class LookaheadEncoder:
         b = len(slots)
         h = self.meta[n].begin()
         cl = r.cache_len
-        frame_offsets = np.arange(fpt * n)
-        for i, (slot, done) in enumerate(zip(slots, audio_done)):
-            frames = done * fpt + frame_offsets
-            h["slots"][i] = slot
-            h["pos"][i * fpt * n: (i + 1) * fpt * n] = frames
-            h["slot_mapping"][i * fpt * n: (i + 1) * fpt * n] = r.enc_cache.host_slots(slot, frames)
-            h["tables"][i] = r.enc_cache.tables_host[slot]
-            h["rows"][i * n: (i + 1) * n] = slot * cl + (done + np.arange(n)) % cl
+        # every stream's rows at once (whole-array numpy: the host cost of a step with hundreds of
+        # streams stays a few array operations, not a few per stream)
+        slot_a = np.asarray(slots, dtype=np.int64)
+        done_a = np.asarray(audio_done, dtype=np.int64)
+        frames = done_a[:, None] * fpt + np.arange(fpt * n)  # [b, 4n] encoder frame positions
+        h["slots"][:b] = slot_a
+        h["pos"][: b * fpt * n] = frames.ravel()
+        h["slot_mapping"][: b * fpt * n] = r.enc_cache.host_slots_rows(slot_a, frames).ravel()
+        h["tables"][:b] = r.enc_cache.tables_host[slot_a]
+        h["rows"][: b * n] = (slot_a[:, None] * cl + (done_a[:, None] + np.arange(n)) % cl).ravel()
         self.meta[n].upload()
         ring = self._rings.get(n)
         if ring is not None:  # CUDA: through pinned staging rows, one non-blocking copy

@@ -202,8 +202,7 @@ class ModelRunner:
         h["positions"][:b] = pos
         h["delays"][:b] = delays
         h["block_tables"][:b] = self.lm_cache.tables_host[slot_a]
-        for i, (slot, p) in enumerate(zip(slots, positions)):
-            h["slot_mapping"][i] = self.lm_cache.host_slots(slot, np.asarray([p]))[0]
+        h["slot_mapping"][:b] = self.lm_cache.host_slots_rows(slot_a, pos[:, None])[:, 0]
         self.meta.upload()
         if self.graphs is not None and self.input_graphs is not None:
             run_b = self.graphs.bucket(b)
