@@ -101,3 +101,22 @@ def test_host_phases_times_one_engine_and_accounts_for_its_steps(tiny_ckpt) -> N
     inner = s["plan"] + s["encode"] + s["launch"] + s["emit"]
     assert 0 < inner < s["run_step"] <= run.seconds
     assert s["run_step"] + s["sync"] <= run.seconds * 1.001
+
+
+def test_pyspy_summary_counts_each_function_once_per_sample(tmp_path):
+    """Samples per thread (thread ids dropped), functions by inclusive samples: a function on two lines
+    of one stack (recursion, or two calls in one frame chain) counts once for that stack."""
+    import gzip
+
+    import pyspy_summary
+
+    raw = ("thread (11): MainThread;run (a.py:1);step (b.py:5);step (b.py:9) 7\n"
+           "thread (11): MainThread;run (a.py:1);idle (c.py:2) 3\n"
+           "thread (12): engine;loop (e.py:3) 4\n")
+    path = tmp_path / "p.txt.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(raw)
+    out = pyspy_summary.summarise(pyspy_summary.read_stacks(path))
+    assert list(out) == ["MainThread", "engine"]
+    assert out["MainThread"]["samples"] == 10 and out["engine"]["samples"] == 4
+    assert dict(out["MainThread"]["top"]) == {"run (a.py)": 10, "step (b.py)": 7, "idle (c.py)": 3}
