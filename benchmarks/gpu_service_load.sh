@@ -4,21 +4,23 @@
 # over 2 s; the load tester's clients spread over PROCS processes (one process falls behind at a few
 # hundred clients: watch its lag column). Optionally a py-spy profile of the server process.
 #
-#   bash benchmarks/gpu_service_load.sh OUT WHEELS_DIR
-#   env: RAMP (256,384,448,512), PROCS (4), MAX_SESSIONS (1100), PYSPY_SECONDS (0: no profile),
-#        PYSPY_ARGS (e.g. --gil: only samples of the thread holding the GIL), DEVICE (cuda; cpu for a dry run)
+#   bash benchmarks/gpu_service_load.sh OUT [WHEELS_DIR]
+#   env: MODEL (default: the embedded model), RAMP (256,384,448,512), SEARCH (a maximum: double-then-bisect
+#        search instead of the ramp), DURATION (10 s per client), PROCS (4), MAX_SESSIONS (1100),
+#        PYSPY_SECONDS (0: no profile), PYSPY_ARGS (e.g. --gil: only samples of the thread holding the GIL),
+#        DEVICE (cuda; cpu for a dry run)
 # WHEELS_DIR holds the wheels the device lacks: websockets (and soundfile, cffi, pycparser; py-spy for
 # a profile), e.g. `pip download websockets py-spy --only-binary=:all: --python-version 3.12
 # --platform manylinux2014_x86_64 -d WHEELS_DIR`.
 set -u
-out=${1:?out dir}; wheels=${2:?wheels dir}
+out=${1:?out dir}; wheels=${2:-}
 ramp=${RAMP:-256,384,448,512}; procs=${PROCS:-4}; port=8123
 mkdir -p "$out"
-if ls "$wheels"/*.whl > /dev/null 2>&1; then
+if [ -n "$wheels" ] && ls "$wheels"/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$wheels"/*.whl
 fi
 export PYTHONPATH=/tmp/site:$PWD
-python3 -m stream_server --model default --device "${DEVICE:-cuda}" --port $port --max-sessions "${MAX_SESSIONS:-1100}" \
+python3 -m stream_server --model "${MODEL:-default}" --device "${DEVICE:-cuda}" --port $port --max-sessions "${MAX_SESSIONS:-1100}" \
   --max-session-seconds 120 --log-level WARNING > "$out/server.log" 2>&1 &
 srv=$!
 for _ in $(seq 1 180); do
@@ -29,8 +31,9 @@ if [ "${PYSPY_SECONDS:-0}" != 0 ]; then
   /tmp/site/bin/py-spy record --pid $srv --duration "$PYSPY_SECONDS" --rate 100 --nonblocking --threads \
     ${PYSPY_ARGS:-} --format raw -o "$out/pyspy.txt" > "$out/pyspy.log" 2>&1 &
 fi
-python3 -m stream_server.loadtest --processes "$procs" --url ws://127.0.0.1:$port --ramp "$ramp" --duration 10 \
-  --delay-ms 480 --stagger-ms 2000 --max-time 280 --no-plots --out "$out/loadtest.json" > "$out/loadtest.txt" \
+if [ -n "${SEARCH:-}" ]; then levels=(--search "$SEARCH"); else levels=(--ramp "$ramp"); fi
+python3 -m stream_server.loadtest --processes "$procs" --url ws://127.0.0.1:$port "${levels[@]}" \
+  --duration "${DURATION:-10}" --delay-ms 480 --stagger-ms 2000 --max-time 300 --no-plots --out "$out/loadtest.json" > "$out/loadtest.txt" \
   2> "$out/loadtest.err"
 rc=$?
 python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/metrics', timeout=5).read().decode())" \

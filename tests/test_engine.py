@@ -363,13 +363,17 @@ def test_a_step_visits_only_the_streams_with_work(tiny_ckpt):
     drive(eng)  # joins; the prompt rows the left padding allows run now
     eng._sync_with_clients()  # streams left without work are set aside here
     visits: dict[int, int] = {}
+
+    def counting(fn, sid: int):
+        def counted(*a, **k):
+            visits[sid] = visits.get(sid, 0) + 1
+            return fn(*a, **k)
+        return counted
+
     for sid in [*idle, busy]:
         s = eng._controls[sid].stream
         for name in ("audio_tokens_ready", "is_finished"):
-            def counted(*a, _f=getattr(s, name), _sid=sid, **k):
-                visits[_sid] = visits.get(_sid, 0) + 1
-                return _f(*a, **k)
-            setattr(s, name, counted)
+            setattr(s, name, counting(getattr(s, name), sid))
     clip = synthetic_audio(2.0, seed=5)
     for start in range(0, 16000, 1280):  # 1 s in 80 ms chunks, a step after each
         eng.push_audio(busy, clip[start: start + 1280])
