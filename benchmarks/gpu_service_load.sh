@@ -8,7 +8,7 @@
 #   env: MODEL (default: the embedded model), RAMP (256,384,448,512), SEARCH (a maximum: double-then-bisect
 #        search instead of the ramp), DURATION (10 s per client), PROCS (4), MAX_SESSIONS (1100),
 #        PYSPY_SECONDS (0: no profile), PYSPY_ARGS (e.g. --gil: only samples of the thread holding the GIL),
-#        DEVICE (cuda; cpu for a dry run)
+#        DEVICE (cuda; cpu for a dry run), WORKERS (1: server processes, `--workers`; the profile needs 1)
 # WHEELS_DIR holds the wheels the device lacks: websockets (and soundfile, cffi, pycparser; py-spy for
 # a profile), e.g. `pip download websockets py-spy --only-binary=:all: --python-version 3.12
 # --platform manylinux2014_x86_64 -d WHEELS_DIR`.
@@ -21,10 +21,15 @@ if [ -n "$wheels" ] && ls "$wheels"/*.whl > /dev/null 2>&1; then
 fi
 export PYTHONPATH=/tmp/site:$PWD
 python3 -m stream_server --model "${MODEL:-default}" --device "${DEVICE:-cuda}" --port $port --max-sessions "${MAX_SESSIONS:-1100}" \
-  --max-session-seconds 120 --log-level WARNING > "$out/server.log" 2>&1 &
+  --max-session-seconds 120 --workers "${WORKERS:-1}" --log-level WARNING > "$out/server.log" 2>&1 &
 srv=$!
-for _ in $(seq 1 180); do
-  python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null && break
+for _ in $(seq 1 600); do  # with --workers, until the supervisor reports all of them listening
+  if [ "${WORKERS:-1}" = 1 ]; then
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" \
+      2>/dev/null && break
+  else
+    grep -q "workers, pids" "$out/server.log" && break
+  fi
   sleep 1
 done
 if [ "${PYSPY_SECONDS:-0}" != 0 ]; then

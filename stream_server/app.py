@@ -29,6 +29,13 @@ logger = logging.getLogger("stream_server")
 API_KEYS_ENV = "STREAMSCRIBE_API_KEYS"
 
 
+def _fraction(text: str) -> float:
+    v = float(text)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return v
+
+
 def _nonneg_float(text: str) -> float:
     v = float(text)
     if not v >= 0:
@@ -86,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ping-interval", type=_nonneg_float, default=20.0, help="seconds (0 disables keepalive)")
     p.add_argument("--ping-timeout", type=_nonneg_float, default=20.0)
     p.add_argument("--demo-dir", type=Path, default=DEMO_DIR)
+    p.add_argument("--workers", type=_positive_int, default=1,
+                   help="server processes on the one port, each with its own engine on the device (the kernel "
+                        "spreads connections; each admits up to --max-sessions): past a few hundred paced streams "
+                        "one process is bound by its interpreter lock")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="bind with SO_REUSEPORT, so that several servers share the port (what --workers does)")
+    p.add_argument("--kv-memory-fraction", type=_fraction, default=0.9,
+                   help="share of the free GPU memory the engine's KV caches may take (--workers splits it)")
+    p.add_argument("--ready-file", type=Path, default=None, help=argparse.SUPPRESS)  # for the --workers supervisor
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -107,16 +123,18 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
         idle_timeout_s=args.idle_timeout if args.idle_timeout > 0 else float("inf"),
         max_message_bytes=args.max_message_bytes, max_pending_audio_s=args.max_pending_audio,
         ping_interval_s=args.ping_interval or None, ping_timeout_s=args.ping_timeout or None,
-        demo_dir=args.demo_dir,
+        demo_dir=args.demo_dir, reuse_port=args.reuse_port,
     )
 
 
-async def serve_until_signal(settings: ServerSettings, engine) -> None:
+async def serve_until_signal(settings: ServerSettings, engine, ready_file: Path | None = None) -> None:
     from .server import StreamServer
+    from .workers import mark_ready
 
     server = StreamServer(settings, engine)
     await server.start()
     print(f"streamscribe listening on ws://{settings.host}:{server.port}/v1/realtime", file=sys.stderr, flush=True)
+    mark_ready(ready_file)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -150,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args)
+    if args.workers > 1:
+        from .workers import run_workers
+
+        return run_workers(list(sys.argv[1:] if argv is None else argv), workers=args.workers, host=args.host,
+                           port=args.port, kv_memory_fraction=args.kv_memory_fraction)
     import torch
 
     device = args.device
@@ -160,6 +183,6 @@ def main(argv: list[str] | None = None) -> int:
                           dtype=args.dtype, max_streams=2 * settings.max_sessions, cuda_graphs=not args.no_cuda_graphs,
                           max_session_seconds=args.max_session_seconds or None, drafter=args.drafter,
                           num_speculative_tokens=args.num_speculative_tokens, tree_nodes=args.tree_nodes,
-                          tree_max_streams=args.tree_max_streams)
-    asyncio.run(serve_until_signal(settings, engine))
+                          tree_max_streams=args.tree_max_streams, kv_memory_fraction=args.kv_memory_fraction)
+    asyncio.run(serve_until_signal(settings, engine, args.ready_file))
     return 0

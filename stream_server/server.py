@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -67,6 +68,7 @@ class StreamServer:
             ping_interval=s.ping_interval_s,
             ping_timeout=s.ping_timeout_s,
             close_timeout=s.close_timeout_s,
+            reuse_port=s.reuse_port,
         )
         self._stats_task = asyncio.create_task(self._poll_stats(), name="engine-stats")
         logger.info("listening on ws://%s:%d%s (models: %s; auth %s)", s.host, self.port, REALTIME_PATH,
@@ -200,4 +202,5 @@ class StreamServer:
             engine, status = {"error": f"{type(exc).__name__}: {exc}"}, "error"
         return {"status": status, "models": list(self.settings.served_model_names),
                 "active_sessions": len(self.active), "max_sessions": self.settings.max_sessions,
-                "engine": engine, "uptime_s": round(time.time() - self.ctx.started_at, 1)}
+                "engine": engine, "uptime_s": round(time.time() - self.ctx.started_at, 1),
+                "pid": os.getpid()}  # which server process answered (`--workers`: one of several)

@@ -37,6 +37,8 @@ class ServerSettings:
     engine_stall_timeout_s: float = 60.0
     stats_interval_s: float = 1.0
     demo_dir: Path = field(default_factory=lambda: DEMO_DIR)
+    # several server processes on one port (`--workers`): the kernel spreads new connections over them
+    reuse_port: bool = False
 
     @property
     def auth_enabled(self) -> bool:

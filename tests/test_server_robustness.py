@@ -540,6 +540,70 @@ def test_cli_serves_default_model_and_stops_on_sigterm(reference):
             proc.wait()
 
 
+def start_workers(n: int) -> tuple[subprocess.Popen, str, list[int]]:
+    """`python -m stream_server --workers n` on the CPU; returns (supervisor, url, worker pids)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "stream_server", "--model", "default", "--port", "0",
+                             "--device", "cpu", "--workers", str(n), "--max-sessions", "4", "--log-level",
+                             "WARNING"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        if f"({n} workers, pids" in line:
+            url = line.split()[3]
+            pids = [int(p) for p in line.split("pids")[1].strip(" )\n").split()]
+            return proc, url, pids
+    proc.kill()
+    proc.wait()
+    raise AssertionError("the workers did not start")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_workers_share_one_port_and_stop_together(reference):
+    """`--workers 2`: two server processes on one port, each answering some of the connections, each
+    transcribing exactly as one session does; a signal to the supervisor stops both."""
+    proc, url, pids = start_workers(2)
+    try:
+        port = int(url.split(":")[2].split("/")[0])
+        answered = {json.loads(http_get(f"http://127.0.0.1:{port}/health")[2])["pid"] for _ in range(24)}
+        assert answered == set(pids)  # the kernel spread 24 connections over both (all on one: p = 2^-23)
+
+        async def four_at_once() -> list[str]:
+            return list(await asyncio.gather(*(fresh_vllm_utterance_named(url, SHORT) for _ in range(4))))
+
+        assert asyncio.run(four_at_once()) == [reference(SHORT)] * 4
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert not any(alive(p) for p in pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_worker_that_dies_stops_the_others():
+    """A worker that exits on its own (here: killed) makes the supervisor stop the other and exit with an
+    error, rather than serve on at half capacity unnoticed."""
+    proc, _, pids = start_workers(2)
+    try:
+        os.kill(pids[0], signal.SIGKILL)
+        assert proc.wait(60) == 1
+        assert wait_for(lambda: not alive(pids[1]), timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 async def fresh_vllm_utterance_named(url: str, audio: np.ndarray) -> str:
     ws = await open_vllm(url, model="streamscribe-default")
     try:
