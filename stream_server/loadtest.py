@@ -441,11 +441,16 @@ class LevelResult:
     streams: list[StreamResult]
 
 
+def start_time(t0: float, stagger_ms: float, i: int, n: int) -> float:
+    """When stream i of a level of n starts: starts spread evenly over `stagger_ms` from `t0`."""
+    return t0 + stagger_ms / 1000 * i / max(1, n)
+
+
 async def run_level(cfg: ClientConfig, audios: Sequence[np.ndarray], n: int, *, slo_ms: float,
                     stagger_ms: float = 0.0, progress_s: float = 5.0) -> LevelResult:
     """N streams at once (starts spread over `stagger_ms` so clients do not move in lockstep)."""
     t0 = time.perf_counter() + 0.05
-    tasks = [asyncio.create_task(run_stream(cfg, audios[i], i, t0 + stagger_ms / 1000 * i / max(1, n)))
+    tasks = [asyncio.create_task(run_stream(cfg, audios[i], i, start_time(t0, stagger_ms, i, n)))
              for i in range(n)]
     longest = max(len(a) for a in audios[:n]) / RATE / cfg.rate
 
@@ -478,7 +483,7 @@ def _run_shard(cfg: ClientConfig, paths: tuple[str, ...], duration_s: float | No
 
     async def shard() -> list[StreamResult]:
         return list(await asyncio.gather(*(
-            run_stream(cfg, stream_audio(files, i, duration_s), i, t0 + stagger_ms / 1000 * i / max(1, n))
+            run_stream(cfg, stream_audio(files, i, duration_s), i, start_time(t0, stagger_ms, i, n))
             for i in indices)))
 
     return asyncio.run(shard())

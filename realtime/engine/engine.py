@@ -277,7 +277,7 @@ class BatchedEngine:
         client touches them again."""
         mpt = self.config.streaming.mel_frames_per_token
         for s in list(self._candidates.values()):
-            if s.done or not (s.is_finished() or s.audio_done > s.lm_pos or s.audio_tokens_ready(mpt) > 0):
+            if s.done or not (s.is_finished() or s.has_frame(mpt)):
                 self._candidates.pop(s.stream_id, None)
 
     def _run_step(self, live: list[EngineStream]) -> bool:

@@ -85,11 +85,12 @@ class PagedKVCache:
         # mirror lets step metadata (slot mappings, table rows) be built on the host and uploaded once.
         self.tables = torch.full((max_streams, self.width), -1, dtype=torch.int32, device=device)
         self.tables_host = np.full((max_streams, self.width), -1, dtype=np.int32)
-        # per slot, the flat cache slot of every ring position (position % ring_positions): a step's
-        # slot mappings are then one lookup on the host instead of a handful of small numpy ops
-        # (admitted slots only: a server sized for thousands of streams keeps no table for idle slots)
+        # per slot, the flat cache slot of every ring position (position % ring_positions), -1 while the
+        # slot is free: a step's slot mappings, of one stream or of many, are then one indexing on the host
+        # (8 bytes per ring position and slot: 1.75 KiB per slot for the default model's LM ring, 3.4 KiB for
+        # its encoder ring; a server sized for N streams holds this for all N)
         self.ring_positions = self.width * spec.block_size
-        self._slots_host: dict[int, np.ndarray] = {}
+        self._slots_host = np.full((max_streams, self.ring_positions), -1, dtype=np.int64)
         self._owned: dict[int, list[int]] = {}
 
     def can_admit(self) -> bool:
@@ -109,7 +110,7 @@ class PagedKVCache:
             self.pool.give_back(blocks)
             self.tables_host[slot] = -1
             self.tables[slot] = -1
-            del self._slots_host[slot]
+            self._slots_host[slot] = -1
 
     def oldest_kept(self, newest: int) -> int:
         """The oldest position a stream's ring still holds when positions up to `newest` are written
@@ -118,16 +119,15 @@ class PagedKVCache:
         return max(0, newest + 1 - (self.width - 1) * self.spec.block_size)
 
     def host_slots(self, slot: int, positions: np.ndarray) -> np.ndarray:
-        """`slot_mapping` for one stream on the host (int64), from the mirrored ring table."""
-        return self._slots_host[slot][positions % self.ring_positions]
+        """`slot_mapping` for one admitted stream on the host (int64); KeyError for a free slot."""
+        if slot not in self._owned:
+            raise KeyError(f"cache slot {slot} is not admitted")
+        return self._slots_host[slot, positions % self.ring_positions]
 
     def host_slots_rows(self, slots: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """`host_slots` for many streams at once: row i of `positions` [B, M] belongs to stream slot
-        `slots[i]`; one indexing of the mirrored block tables instead of a call per stream (a step with
-        hundreds of streams spent ~1 us per stream per call on the host)."""
-        bs = self.spec.block_size
-        blocks = self.tables_host[np.asarray(slots)[:, None], (positions // bs) % self.width]
-        return blocks.astype(np.int64) * bs + positions % bs
+        """`host_slots` for many admitted streams at once: row i of `positions` [B, M] belongs to stream
+        slot `slots[i]` (one indexing instead of a call per stream)."""
+        return self._slots_host[np.asarray(slots)[:, None], positions % self.ring_positions]
 
     def slot_mapping(self, stream_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Flat cache slot (physical_block * block_size + offset) of each (stream slot, position)."""

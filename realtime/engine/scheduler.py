@@ -27,8 +27,7 @@ class Scheduler:
     mel_frames_per_token: int
 
     def plan(self, streams: list[EngineStream], step: int) -> StepPlan:
-        ready = [s for s in streams if not s.done and not s.is_finished()
-                 and (s.audio_done > s.lm_pos or s.audio_tokens_ready(self.mel_frames_per_token) > 0)]
+        ready = [s for s in streams if not s.done and not s.is_finished() and s.has_frame(self.mel_frames_per_token)]
         by_wait = lambda s: (s.last_scheduled_step, s.stream_id)  # noqa: E731
         plan = StepPlan(sorted(ready, key=by_wait)[: self.max_batch])
         for s in plan.decode:

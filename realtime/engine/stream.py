@@ -52,6 +52,10 @@ class EngineStream:
         total = (self.mel.frames_done + self.mel.available()) // mel_frames_per_token
         return max(0, total - self.audio_done)
 
+    def has_frame(self, mel_frames_per_token: int) -> bool:
+        """Whether an LM position can run now: its audio token is encoded, or computable."""
+        return self.audio_done > self.lm_pos or self.audio_tokens_ready(mel_frames_per_token) > 0
+
     def last_position(self) -> float:
         """Highest LM position the stream may still run (its token would be the last one kept);
         infinite while the stream's end is unknown."""
