@@ -508,20 +508,29 @@ async def test_demo_page_missing_is_404(start_server, tmp_path):
 
 
 # -- the command line ----------------------------------------------------------------------------------
-def test_cli_serves_default_model_and_stops_on_sigterm(reference):
+def launch_cli(args: list[str], ready: str, timeout: float = 180) -> tuple[subprocess.Popen, str | None]:
+    """`python -m stream_server --model default --port 0 --device cpu ARGS`; returns the process and its
+    first stderr line containing `ready` (None if it never printed one: the process is then stopped)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "stream_server", "--model", "default", "--port", "0",
-                             "--device", "cpu", "--log-level", "WARNING"], cwd=ROOT, env=env,
+                             "--device", "cpu", "--log-level", "WARNING", *args], cwd=ROOT, env=env,
                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        if ready in line:
+            return proc, line
+    proc.kill()
+    proc.wait()
+    return proc, None
+
+
+def test_cli_serves_default_model_and_stops_on_sigterm(reference):
+    proc, line = launch_cli([], "listening on", timeout=120)
     try:
-        url = None
-        deadline = time.monotonic() + 120
-        while url is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            if "listening on" in line:
-                url = line.strip().split()[-1]
+        url = line.strip().split()[-1] if line else None
         assert url and url.startswith("ws://127.0.0.1:"), "server did not start"
         port = int(url.split(":")[2].split("/")[0])
         status, _, body = http_get(f"http://127.0.0.1:{port}/health")
@@ -542,22 +551,9 @@ def test_cli_serves_default_model_and_stops_on_sigterm(reference):
 
 def start_workers(n: int) -> tuple[subprocess.Popen, str, list[int]]:
     """`python -m stream_server --workers n` on the CPU; returns (supervisor, url, worker pids)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "stream_server", "--model", "default", "--port", "0",
-                             "--device", "cpu", "--workers", str(n), "--max-sessions", "4", "--log-level",
-                             "WARNING"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        if f"({n} workers, pids" in line:
-            url = line.split()[3]
-            pids = [int(p) for p in line.split("pids")[1].strip(" )\n").split()]
-            return proc, url, pids
-    proc.kill()
-    proc.wait()
-    raise AssertionError("the workers did not start")
+    proc, line = launch_cli(["--workers", str(n), "--max-sessions", "4"], f"({n} workers, pids")
+    assert line is not None, "the workers did not start"
+    return proc, line.split()[3], [int(p) for p in line.split("pids")[1].strip(" )\n").split()]
 
 
 def alive(pid: int) -> bool:
