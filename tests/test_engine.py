@@ -97,9 +97,11 @@ def test_sixteen_streams_join_and_leave(tiny_ckpt, small_windows):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cuda_graphs", [True, False])
+@pytest.mark.parametrize(("cuda_graphs", "encoder_stream"), [(True, True), (False, True), (True, False)])
 @pytest.mark.parametrize("small_windows", [False, True])
-def test_sixteen_streams_on_gpu(tiny_ckpt, small_windows, cuda_graphs):
+def test_sixteen_streams_on_gpu(tiny_ckpt, small_windows, cuda_graphs, encoder_stream):
+    """The CPU scenario on CUDA, with graphs and eager, the encoder on its own stream (the next token's
+    encoder beside the LM step: a missing wait would show as other tokens) and on the main stream."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -107,7 +109,8 @@ def test_sixteen_streams_on_gpu(tiny_ckpt, small_windows, cuda_graphs):
     path = tiny_ckpt(seed=1, small_windows=small_windows)
     model, _ = load_model(path, device="cuda")
     run_join_leave_scenario(model, load_tokenizer(path),
-                            RunnerOptions(max_streams=12, max_batch=8, block_size=16, cuda_graphs=cuda_graphs))
+                            RunnerOptions(max_streams=12, max_batch=8, block_size=16, cuda_graphs=cuda_graphs,
+                                          encoder_stream=encoder_stream))
 
 
 def test_admission_refusal_and_release(tiny_ckpt):
@@ -317,12 +320,15 @@ def test_next_audio_is_encoded_behind_the_lm_step(tiny_ckpt, encode_ahead):
     tok = load_tokenizer(path)
     eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=2, max_batch=2, encode_ahead=encode_ahead))
     calls: list[tuple[str, list[tuple[int, int]]]] = []  # per call: kind, (audio_done, lm_pos) of its streams
+    ahead_flags: list[bool] = []  # per encoder call: queued as the next step's (may run beside the LM)
     for name in ("encode_step", "decode_step"):
         real = getattr(eng.runner, name)
 
-        def spy(streams, real=real, name=name):
+        def spy(streams, real=real, name=name, **kw):
             calls.append((name, [(s.audio_done, s.lm_pos) for s in streams]))
-            return real(streams)
+            if name == "encode_step":
+                ahead_flags.append(kw.get("ahead", False))
+            return real(streams, **kw)
 
         setattr(eng.runner, name, spy)
     steps: list[list[str]] = []
@@ -339,6 +345,10 @@ def test_next_audio_is_encoded_behind_the_lm_step(tiny_ckpt, encode_ahead):
     ran = [kinds for kinds in steps if "decode_step" in kinds]
     if encode_ahead:
         assert ran[0] == ["encode_step", "decode_step", "encode_step"]
+        # the calls after a launch are the next step's: on CUDA they run beside the LM step
+        encodes = [kind for kind, _ in calls if kind != "decode_step"]
+        assert len(encodes) == len(ahead_flags) and ahead_flags[0] is False and ahead_flags[1] is True
+        assert sum(ahead_flags) >= len(ahead_flags) - 3
         assert all(kinds[0] == "decode_step" for kinds in ran[1:])  # the audio was already encoded
         assert sum(kinds == ["decode_step", "encode_step"] for kinds in ran) >= len(ran) - 3
         for kind, rows in calls:  # every encoder call after a launch encodes the next position
@@ -346,6 +356,7 @@ def test_next_audio_is_encoded_behind_the_lm_step(tiny_ckpt, encode_ahead):
                 assert all(done == pos + 1 for done, pos in rows)
     else:
         assert all(kinds == ["encode_step", "decode_step"] for kinds in ran)
+        assert not any(ahead_flags)
 
 
 def test_a_step_visits_only_the_streams_with_work(tiny_ckpt):

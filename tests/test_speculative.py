@@ -1173,10 +1173,10 @@ def test_next_look_ahead_is_queued_behind_the_verify(target, trained_parallel, e
     order: list[str] = []
     encode, run = sp.lookahead.encode, sp._run
 
-    def spy_encode(work):
+    def spy_encode(work, ahead=False):
         if work:
             order.append("encode")
-        return encode(work)
+        return encode(work, ahead)
 
     def spy_run(*args):
         order.append("run")
@@ -1198,6 +1198,46 @@ def test_next_look_ahead_is_queued_behind_the_verify(target, trained_parallel, e
         assert first_encodes == [0] and len(late_encodes) >= 3
     else:
         assert len(first_encodes) >= 3 and late_encodes == []
+
+
+@pytest.mark.parametrize("kind", ["chain", "parallel", "two_pass"])
+@pytest.mark.parametrize("chunk", [None, 1])
+def test_next_look_ahead_never_writes_a_row_this_step_reads(target, request, kind, chunk):
+    """On CUDA the next step's look-ahead runs on the encoder's stream, beside the step just launched
+    (`ModelRunner.on_encoder_stream`), so no ordering protects the audio rows that step still reads:
+    the rows an ahead call writes must be other rows than the step's drafter and verify inputs
+    (`runner_options_for` sizes the ring for it). Checked on every step of a backlogged run, with the
+    largest look-ahead chunk and with one-token chunks (the most calls)."""
+    model, tok = target
+    drafter = request.getfixturevalue("trained" if kind == "chain" else f"trained_{kind}")
+    cfg = spec_config(drafter, 4, lookahead_chunk=chunk)
+    opts = runner_options_for(RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False), cfg)
+    eng = BatchedEngine(model, tok, opts=opts, speculative=cfg)
+    sp = eng.speculator
+    read_rows: set[int] = set()  # the audio rows the step just laid out reads
+    writes = 0
+    layout, encode = sp._layout, sp.lookahead.encode
+
+    def spy_layout(streams):
+        out = layout(streams)
+        h = sp.meta.host
+        rows = np.concatenate([h[name].ravel() for name in ("c_aud", "v_aud", "dr_aud") if name in h])
+        read_rows.clear()
+        read_rows.update(int(x) for x in rows if x >= 0 and x != sp.pad_audio)
+        return out
+
+    def spy_encode(work, ahead=False):
+        nonlocal writes
+        if ahead:
+            for s, count in work:
+                written = {s.slot * sp.C + (s.audio_done + j) % sp.C for j in range(count)}
+                assert not written & read_rows, (s.audio_done, count, sorted(read_rows))
+                writes += count
+        return encode(work, ahead)
+
+    sp._layout, sp.lookahead.encode = spy_layout, spy_encode
+    assert_whole_clips_transcribed(eng, model, tok, [UNSEEN[0], SEEN[1]])
+    assert writes > 20 and eng.stats().spec_accepted > 0
 
 
 def _slot_tensor_bytes(eng: BatchedEngine) -> int:

@@ -43,12 +43,18 @@ def collected_then_no_gc() -> Iterator[None]:
 
 
 class DecodeGraphRunner:
-    def __init__(self, forward: Callable[[int], None], max_batch: int, device: torch.device) -> None:
+    def __init__(self, forward: Callable[[int], None], max_batch: int, device: torch.device,
+                 capture_stream: torch.cuda.Stream | None = None) -> None:
         self.forward = forward
         self.buckets = batch_buckets(max_batch)
         self.device = device
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
+        # the stream the graphs are captured on (None: torch's one default capture stream). Graphs that
+        # are replayed side by side need different capture streams: cuBLAS keeps one workspace per
+        # (handle, stream), so every graph captured on one stream bakes in the same workspace address,
+        # whatever its memory pool (pytorch/pytorch#193402), and two of them running at once race on it
+        self.capture_stream = capture_stream
 
     def bucket(self, b: int) -> int:
         for size in self.buckets:
@@ -68,7 +74,7 @@ class DecodeGraphRunner:
             # largest first so smaller graphs reuse the memory pool
             for b in reversed(self.buckets):
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self.pool):
+                with torch.cuda.graph(g, pool=self.pool, stream=self.capture_stream):
                     self.forward(b)
                 if self.pool is None:
                     self.pool = g.pool()

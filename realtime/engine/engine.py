@@ -303,14 +303,15 @@ class BatchedEngine:
             if self.opts.encode_ahead:
                 # the next step's audio, where it has arrived, is encoded now, queued behind this step: its
                 # host work overlaps the device, the tokens do not wait for it, and the next step has none.
-                # (This step's reads of the audio rows were queued first, so the writes cannot reach them.)
+                # On CUDA it runs on the encoder's stream, beside this step (`ModelRunner.on_encoder_stream`):
+                # it writes ring rows of later positions than this step reads.
                 if self.speculator is not None:
                     self.speculator.look_ahead_next()
                 else:
                     ahead = [s for s in plan.decode if s.audio_done == s.lm_pos + 1 <= s.last_position()
                              and s.audio_tokens_ready(mpt)]
                     if ahead:
-                        self.runner.encode_step(ahead)
+                        self.runner.encode_step(ahead, ahead=True)
             host = self._token_copy.wait()
             self.runner.fence.passed(queued)  # the staging copies queued before the tokens have run
         except Exception as exc:  # a failing step fails its streams, never the engine

@@ -81,8 +81,11 @@ class LookaheadEncoder:
         }, dev, runner.fence) for n in self.sizes}
         self.graphs: dict[int, DecodeGraphRunner] = {}
         if runner.opts.cuda_graphs and dev.type == "cuda":
+            # with an encoder stream these graphs run beside the LM's: captured on a stream of their own,
+            # so that their GEMMs get a cuBLAS workspace of their own (`DecodeGraphRunner.capture_stream`)
+            capture = torch.cuda.Stream(dev) if runner.enc_stream is not None else None
             for n in self.sizes:
-                g = DecodeGraphRunner(lambda bb, n=n: self._forward(n, bb), b, dev)
+                g = DecodeGraphRunner(lambda bb, n=n: self._forward(n, bb), b, dev, capture)
                 g.capture()
                 self.graphs[n] = g
             logger.info("captured look-ahead encoder graphs for chunks %s", self.sizes)
@@ -106,30 +109,37 @@ class LookaheadEncoder:
         r.audio_cache.index_copy_(0, m["rows"][: b * n], r.model.multi_modal_projector(hidden)[0])
 
     @torch.no_grad()
-    def encode(self, work: list[tuple[EngineStream, int]]) -> None:
-        """Encode `count` more audio tokens for each (stream, count); advances `stream.audio_done`."""
+    def encode(self, work: list[tuple[EngineStream, int]], ahead: bool = False) -> None:
+        """Encode `count` more audio tokens for each (stream, count); advances `stream.audio_done`.
+        `ahead`: for the next step, which waits for it (`ModelRunner.on_encoder_stream`)."""
         top = self.max_chunk
         # counts above the largest chunk take several full-chunk calls; the rest is binary
         for i in range(max((count // top for _, count in work), default=0)):
-            self._encode_group([s for s, count in work if count // top > i], top)
+            self._encode_group([s for s, count in work if count // top > i], top, ahead)
         for n in self.sizes[1:]:
-            self._encode_group([s for s, count in work if count & n], n)
+            self._encode_group([s for s, count in work if count & n], n, ahead)
 
-    def _encode_group(self, group: list[EngineStream], n: int) -> None:
+    def _encode_group(self, group: list[EngineStream], n: int, ahead: bool) -> None:
         if not group:
             return
         frames = self.mpt * n
         windows = [s.mel.window(frames) for s in group]  # views of each stream's sample buffer
-        self.run(n, windows, [s.slot for s in group], [s.audio_done for s in group])
+        self.run(n, windows, [s.slot for s in group], [s.audio_done for s in group], ahead)
         for s in group:
             s.mel.advance(frames)
             s.audio_done += n
 
     @torch.no_grad()
-    def run(self, n: int, windows: Sequence[torch.Tensor], slots: list[int], audio_done: list[int]) -> None:
+    def run(self, n: int, windows: Sequence[torch.Tensor], slots: list[int], audio_done: list[int],
+            ahead: bool = False) -> None:
         """Encode `n` tokens per stream from its host sample window (the samples its next 8n mel
         frames read, `IncrementalLogMel.window`): stream i (cache slot `slots[i]`) at audio token
-        index `audio_done[i]`. (Benchmarks drive the encoder through this directly.)"""
+        index `audio_done[i]`, on the encoder's stream (`ModelRunner.on_encoder_stream`: `ahead` for
+        the next step's audio). (Benchmarks drive the encoder through this directly.)"""
+        with self.runner.on_encoder_stream(ahead):
+            self._run(n, windows, slots, audio_done)
+
+    def _run(self, n: int, windows: Sequence[torch.Tensor], slots: list[int], audio_done: list[int]) -> None:
         r, fpt = self.runner, self.fpt
         b = len(slots)
         h = self.meta[n].begin()

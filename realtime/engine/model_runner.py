@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +47,11 @@ class RunnerOptions:
     # encoder's host work overlaps the device. Off: the encoder runs only for what a step needs, as
     # before; outputs are the same up to the rounding of other encoder batchings (bf16)
     encode_ahead: bool = True
+    # CUDA: the encoder runs on a CUDA stream of its own, so that the next step's audio (encode_ahead) is
+    # encoded while the device runs this step's LM; both are chains of small latency-bound kernels at
+    # small batches, and side by side they hide part of each other's fixed per-kernel costs. Outputs
+    # are the same as with one stream (the same kernels on the same inputs)
+    encoder_stream: bool = True
 
 
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
@@ -125,6 +132,11 @@ class ModelRunner:
             "block_tables": Field((b, self.lm_cache.width), i32, 0),
         }, dev, self.fence)
         self.inputs_embeds = torch.zeros(b, c.decoder.hidden_size, device=dev, dtype=dt)
+        # the encoder's CUDA stream (`on_encoder_stream`); None: encoder work is queued like the rest
+        self.enc_stream = torch.cuda.Stream(dev) if opts.encoder_stream and dev.type == "cuda" else None
+        self._enc_done = torch.cuda.Event() if self.enc_stream is not None else None
+        self._enc_pending = False  # an ahead encoder call the main stream has not waited for yet
+        self._enc_waits_main = False  # main-stream writes (admission) the encoder stream must wait for
         self.seq_ids = torch.arange(b, dtype=i32, device=dev)
         self.next_ids = torch.zeros(b, dtype=i64, device=dev)
         # the encoder step (one audio token per stream; several when speculation looks ahead)
@@ -144,6 +156,10 @@ class ModelRunner:
         return self.enc_cache.can_admit() and self.lm_cache.can_admit()
 
     def admit(self, slot: int) -> None:
+        # the slot's last stream may still have encoder work queued: the writes below come after it,
+        # and the encoder's next call after them (and after the prompt prefix copied in with them)
+        self.join_encoder()
+        self._enc_waits_main = self.enc_stream is not None
         self.enc_cache.admit(slot)
         self.lm_cache.admit(slot)
         self.conv1_state[slot].zero_()
@@ -153,6 +169,46 @@ class ModelRunner:
         self.enc_cache.release(slot)
         self.lm_cache.release(slot)
 
+    # -- the encoder's CUDA stream ---------------------------------------------------------------
+    @contextmanager
+    def on_encoder_stream(self, ahead: bool) -> Iterator[None]:
+        """Queue the encoder work of the block on the encoder's stream (CUDA; elsewhere as usual).
+
+        The encoder owns its state (conv states, encoder KV, sample buffers, its metadata staging); the
+        LM reads only the audio cache rows it writes. A call for the current step (`ahead=False`)
+        makes the main stream wait for it right away, as one stream would. An ahead call (the next
+        step's audio) is waited for by the next user of its rows (`join_encoder`): LM steps, look-ahead,
+        admission. It may run beside work already queued on the main stream because that work reads
+        other ring rows (positions below the ones written: see `runner_options_for` in `speculation`)
+        and the host has waited for every earlier step's tokens. Staging copies stay safe: every
+        encoder call is waited for by the main stream before the next step's token copy is queued
+        (`CopyFence` tickets), and `CopyFence.wait` synchronises the device. The encoder's graphs are
+        captured on a stream of their own (`LookaheadEncoder`): graphs captured on one stream share a
+        cuBLAS workspace and must not run side by side."""
+        if self.enc_stream is None:
+            yield
+            return
+        main = torch.cuda.current_stream(self.device)
+        if self._enc_waits_main:
+            self.enc_stream.wait_stream(main)
+            self._enc_waits_main = False
+        with torch.cuda.stream(self.enc_stream):
+            yield
+        assert self._enc_done is not None
+        self._enc_done.record(self.enc_stream)
+        if ahead:
+            self._enc_pending = True
+        else:
+            main.wait_event(self._enc_done)
+            self._enc_pending = False
+
+    def join_encoder(self) -> None:
+        """The main stream waits for the encoder's last ahead call (if any is not waited for yet)."""
+        if self._enc_pending:
+            assert self._enc_done is not None
+            torch.cuda.current_stream(self.device).wait_event(self._enc_done)
+            self._enc_pending = False
+
     # -- audio ---------------------------------------------------------------------------------
     def log_mel(self, windows: torch.Tensor, frames: int) -> torch.Tensor:
         """Host sample windows [B, N] float32 -> log-mel [B, n_mels, frames] on the device, model dtype.
@@ -161,9 +217,10 @@ class ModelRunner:
             windows = windows.pin_memory().to(self.device, non_blocking=True)
         return self.mel.from_padded(windows, frames).to(self.dtype)
 
-    def encode_step(self, streams: list[EngineStream]) -> None:
-        """One new audio token for each stream (all joined) -> the encoder cache."""
-        self.encoder.encode([(s, 1) for s in streams])
+    def encode_step(self, streams: list[EngineStream], ahead: bool = False) -> None:
+        """One new audio token for each stream (all joined) -> the encoder cache; `ahead`: for the next
+        step (`on_encoder_stream`)."""
+        self.encoder.encode([(s, 1) for s in streams], ahead)
 
     # -- LM decode step ------------------------------------------------------------------------
     def _merge_inputs(self, b: int) -> None:
@@ -194,6 +251,7 @@ class ModelRunner:
         """LM position `positions[i]` of the stream in cache slot `slots[i]`, whose input token is
         `tokens[i]`; the merge `embed(token) + audio` runs inside the step (gather-add kernel)."""
         b = len(slots)
+        self.join_encoder()  # the merge reads the audio rows an ahead encoder call wrote
         h = self.meta.begin()  # every row starts as padding: rows b.. of a graph bucket stay padding
         pos = np.asarray(positions, dtype=np.int64)
         slot_a = np.asarray(slots, dtype=np.int64)

@@ -116,8 +116,10 @@ class SpeculativeConfig:
 def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOptions:
     """Runner options that speculation needs: an audio cache ring deep enough for look-ahead.
 
-    A step reads audio rows of positions prev+1 .. p+k (prev: last step's p, p - prev <= k+1) and
-    the look-ahead writes up to `chunk` more beyond p+k: 2k + chunk rows must be distinct.
+    A step reads audio rows of positions prev+1 .. p+k (prev: last step's p, p - prev <= k+1). The
+    next step's look-ahead may run beside it (`ModelRunner.on_encoder_stream`), so it writes only rows
+    distinct from those (positions up to prev + C), and it must reach the next step's last position,
+    p + 2k + 1 <= prev + 3k + 2, with a whole chunk: C = 3k + 1 + chunk rows.
     """
     k = cfg.num_speculative_tokens
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -136,7 +138,7 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
                          + ("" if m is not None else " without tree_nodes"))
     if cfg.min_buffered_tokens < 2:
         raise ValueError(f"min_buffered_tokens must be >= 2, got {cfg.min_buffered_tokens}")
-    need = 2 * k + cfg.chunk(opts)
+    need = 3 * k + 1 + cfg.chunk(opts)
     if opts.encoder_cache_tokens < need:
         opts = replace(opts, encoder_cache_tokens=need)
     if m is not None:  # scratch slots for every stream's nodes off the chain (blocks outside the rings)
@@ -522,6 +524,7 @@ class Speculator:
         """Look-ahead, draft and verify for the scheduled streams. Returns a device tensor for `accept`
         (a view of the output buffer): the target's argmax per verify row at [0, rows), the verify
         input tokens (the drafts) at [max_rows, max_rows + rows)."""
+        self.runner.join_encoder()  # drafting and verifying read the rows the last look-ahead wrote
         self._look_ahead(streams)
         plan, n_catchup, n_draft = self._layout(streams)
         self._run(plan, n_catchup, n_draft)
@@ -539,17 +542,20 @@ class Speculator:
         self._encode_ahead([(s, self.prev_pos[s.slot], s.lm_pos + self.k + 1) for s in streams])
 
     def _look_ahead_next(self, plan: _Plan) -> None:
-        """The next step's look-ahead, queued behind this step's verify, so that its host work (sample
+        """The next step's look-ahead, queued after this step's launches, so that its host work (sample
         windows, metadata, a graph launch) runs while the device verifies instead of before the next
-        step's launches (at batch 1 that host work was ~50 us of a ~0.55 ms round).
+        step's launches (at batch 1 that host work was ~50 us of a ~0.55 ms round), and on CUDA its
+        device work runs beside this step's (the encoder's stream).
 
         The next step reads audio rows of positions p+1 .. p'+k (p' <= p + k + 1, its root): a stream
-        with fewer than 2k + 2 tokens encoded past p gets a chunk now. This step's reads were queued
-        before these writes, and positions below p + 1 + C keep distinct ring rows (C >= 2k + chunk:
-        a whole chunk always fits under that bound)."""
-        self._encode_ahead([(s, p, p + 2 * self.k + 2) for s, p in zip(plan.order, plan.p)])
+        with fewer than 2k + 2 tokens encoded past p gets a chunk now. This step still reads the rows
+        of positions above prev (its catch-up's first), so the writes stay below prev + 1 + C (anchor
+        prev, not yet updated: `accept` comes later), which reaches p + 2k + 1 with a whole chunk
+        (`runner_options_for`)."""
+        self._encode_ahead([(s, self.prev_pos[s.slot], p + 2 * self.k + 2) for s, p in zip(plan.order, plan.p)],
+                           ahead=True)
 
-    def _encode_ahead(self, wants: list[tuple[EngineStream, int, int]]) -> None:
+    def _encode_ahead(self, wants: list[tuple[EngineStream, int, int]], ahead: bool = False) -> None:
         """For each (stream, anchor, want): up to `chunk` more audio tokens if fewer than `want` are
         encoded, never past the audio received, the stream's last position, or position anchor + C
         (ring rows of positions above the anchor are still to be read)."""
@@ -560,7 +566,7 @@ class Speculator:
             upper = min(s.audio_done + s.audio_tokens_ready(self.mpt), anchor + 1 + self.C, s.last_position() + 1)
             if upper > s.audio_done:
                 work.append((s, min(upper - s.audio_done, self.chunk)))
-        self.lookahead.encode(work)
+        self.lookahead.encode(work, ahead)
 
     def _layout(self, streams: list[EngineStream]) -> tuple[_Plan, int, int]:
         """Draft lengths, and the step's rows written into the host staging of the metadata."""

@@ -49,8 +49,8 @@ class CopyFence:
         self.done = max(self.done, self.issued if upto is None else upto)
 
     def wait(self) -> None:
-        if self.asynchronous:
-            torch.cuda.current_stream(self.device).synchronize()
+        if self.asynchronous:  # the whole device: staging copies are queued on more than one stream
+            torch.cuda.synchronize(self.device)
         self.done = self.issued
 
 
