@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batched: all streams decoded together each step (paged KV, CUDA graphs); "
                         "sequential: one session after another (reference)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the batched engine's steps eagerly")
+    p.add_argument("--no-encoder-stream", action="store_true",
+                   help="keep the batched engine's encoder on the main CUDA stream (by default the next token's "
+                        "encoder runs on its own stream, beside the LM step)")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="torch intra-op threads (default: 1 on cpu, torch's default on cuda)")
     p.add_argument("--drafter", default=None,
@@ -181,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_threads(device, args.threads)
     engine = build_engine(args.engine, args.model, model_name=settings.served_model_names[0], device=device,
                           dtype=args.dtype, max_streams=2 * settings.max_sessions, cuda_graphs=not args.no_cuda_graphs,
+                          encoder_stream=not args.no_encoder_stream,
                           max_session_seconds=args.max_session_seconds or None, drafter=args.drafter,
                           num_speculative_tokens=args.num_speculative_tokens, tree_nodes=args.tree_nodes,
                           tree_max_streams=args.tree_max_streams, kv_memory_fraction=args.kv_memory_fraction)

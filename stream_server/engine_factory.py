@@ -5,6 +5,7 @@ One function, so that a new engine (`--engine batched`) is one more branch here.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -19,7 +20,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu", dtype: str | None = None,
-                 max_streams: int = 64, cuda_graphs: bool = True, max_session_seconds: float | None = None,
+                 max_streams: int = 64, cuda_graphs: bool = True, encoder_stream: bool = True,
+                 max_session_seconds: float | None = None,
                  kv_memory_fraction: float = 0.9, drafter: str | None = None,
                  num_speculative_tokens: int | None = None, tree_nodes: int | None = None,
                  tree_max_streams: int | None = 1) -> TranscriptionEngine:
@@ -58,7 +60,7 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
             speculative = SpeculativeConfig(eagle, num_speculative_tokens=k, tree_nodes=tree_nodes,
                                             tree_max_streams=tree_max_streams if tree_nodes else None)
         opts = RunnerOptions(max_streams=max_streams, max_batch=max_streams, cuda_graphs=cuda_graphs,
-                             max_session_seconds=max_session_seconds)
+                             encoder_stream=encoder_stream, max_session_seconds=max_session_seconds)
         if net.device.type == "cuda":
             # capacity is known up front: never admit more streams than their worst-case memory fits
             # (with speculation: the drafter's KV, a tree's scratch blocks and the deeper audio ring too)
@@ -68,7 +70,6 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
             if fit < max_streams:
                 logger.warning("KV memory fits %d streams of %.0f MiB worst case (asked for %d)", fit,
                                per_stream / 2**20, max_streams)
-                opts = RunnerOptions(max_streams=max(1, fit), max_batch=max(1, fit), cuda_graphs=cuda_graphs,
-                                     max_session_seconds=max_session_seconds)
+                opts = dataclasses.replace(opts, max_streams=max(1, fit), max_batch=max(1, fit))
         return BatchedEngine(net, tokenizer, opts=opts, model_name=model_name, speculative=speculative)
     raise AssertionError(kind)  # unreachable: checked above

@@ -399,3 +399,43 @@ def test_a_step_visits_only_the_streams_with_work(tiny_ckpt):
     drive(eng)
     assert isinstance(rec.done(late), StreamDone)
     assert rec.tokens(late) == transcribe(model, tok, clip[:12000]).token_ids
+
+
+def test_offline_command_transcribes_files_as_the_session_does(tiny_ckpt, tmp_path, capsys, monkeypatch):
+    """`python -m realtime.engine.offline` (here its `main`): each file's line is the single-stream
+    session's text, with the engine options of its flags (`--no-encoder-stream`, `--no-cuda-graphs`);
+    an unreadable file is a clear error (exit 2), not a traceback."""
+    import wave
+
+    from realtime.audio import load_audio_file
+    from realtime.engine import offline
+
+    used: list[RunnerOptions] = []
+    real = offline.transcribe_batch
+
+    def spy(*args, opts, **kw):
+        used.append(opts)
+        return real(*args, opts=opts, **kw)
+
+    monkeypatch.setattr(offline, "transcribe_batch", spy)
+
+    path = tiny_ckpt(seed=2)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    files = []
+    for i, seconds in enumerate((1.0, 1.7)):
+        f = tmp_path / f"clip{i}.wav"
+        with wave.open(str(f), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes((np.clip(synthetic_audio(seconds, seed=40 + i), -1, 1) * 32767).astype(np.int16).tobytes())
+        files.append(f)
+    want = [f"{f}\t{transcribe(model, tok, load_audio_file(f)).text.strip()}" for f in files]
+    for flags in ([], ["--no-encoder-stream", "--no-cuda-graphs", "--batch", "1"]):
+        assert offline.main(["--model", str(path), "--device", "cpu", *flags, *map(str, files)]) == 0
+        assert capsys.readouterr().out.splitlines() == want
+    assert [(o.encoder_stream, o.cuda_graphs, o.max_batch) for o in used] == [(True, True, 2), (False, False, 1)]
+    (tmp_path / "bad.wav").write_bytes(b"not audio")
+    assert offline.main(["--model", str(path), "--device", "cpu", str(tmp_path / "bad.wav")]) == 2
+    assert "error:" in capsys.readouterr().err

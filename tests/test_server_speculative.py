@@ -87,3 +87,19 @@ async def test_vllm_utterances_with_a_drafter(ckpt, tmp_path, start_server, refe
         assert np.isfinite(stats.spec_accepted)
     finally:
         eng.stop()
+
+
+def test_encoder_stream_setting_in_the_engine_factory(ckpt, tmp_path):
+    """`--no-encoder-stream` reaches the batched engine's runner options (the stream is on by default); a
+    speculative engine keeps its encoder on the main stream either way."""
+    from stream_server.app import build_parser
+
+    assert build_parser().parse_args([]).no_encoder_stream is False
+    assert build_parser().parse_args(["--no-encoder-stream"]).no_encoder_stream is True
+    assert build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2).runner.opts.encoder_stream
+    eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, encoder_stream=False)
+    assert eng.runner.opts.encoder_stream is False and eng.runner.enc_stream is None
+    model, _ = load_model_and_tokenizer(ckpt)
+    save_drafter(echo_drafter(model, cls=ParallelEagleDrafter), tmp_path / "parallel")
+    eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "parallel"))
+    assert eng.runner.opts.encoder_stream is False

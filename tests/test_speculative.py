@@ -1200,6 +1200,18 @@ def test_next_look_ahead_is_queued_behind_the_verify(target, trained_parallel, e
         assert len(first_encodes) >= 3 and late_encodes == []
 
 
+def test_speculation_keeps_the_encoder_on_the_main_stream(trained_parallel):
+    """`runner_options_for` turns the encoder's own CUDA stream off for a speculative engine (see its
+    comment), whatever the options asked, and leaves the other options as they were."""
+    cfg = spec_config(trained_parallel, 4)
+    asked = RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False, encoder_stream=True)
+    opts = runner_options_for(asked, cfg)
+    assert asked.encoder_stream and not opts.encoder_stream
+    assert dataclasses.replace(opts, encoder_stream=True, encoder_cache_tokens=asked.encoder_cache_tokens,
+                               encoder_chunk=asked.encoder_chunk) == asked
+    assert runner_options_for(opts, cfg) == opts
+
+
 @pytest.mark.parametrize("kind", ["chain", "parallel", "two_pass"])
 @pytest.mark.parametrize("chunk", [None, 1])
 def test_next_look_ahead_never_writes_a_row_this_step_reads(target, request, kind, chunk):

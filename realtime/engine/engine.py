@@ -246,6 +246,9 @@ class BatchedEngine:
                 self.prompt_prefix.apply(joined)
                 if self.speculator is not None:
                     self.speculator.join(joined, self.prompt_prefix)
+                # now, not at the next encoder call: that one comes after this step's LM launch, which
+                # the encoder's stream would then wait for too
+                self.runner.encoder_after_admissions()
             except Exception as exc:  # a failed join fails those streams, never the engine
                 logger.exception("joining streams failed")
                 for s in joined:

@@ -189,9 +189,7 @@ class ModelRunner:
             yield
             return
         main = torch.cuda.current_stream(self.device)
-        if self._enc_waits_main:
-            self.enc_stream.wait_stream(main)
-            self._enc_waits_main = False
+        self.encoder_after_admissions()
         with torch.cuda.stream(self.enc_stream):
             yield
         assert self._enc_done is not None
@@ -201,6 +199,15 @@ class ModelRunner:
         else:
             main.wait_event(self._enc_done)
             self._enc_pending = False
+
+    def encoder_after_admissions(self) -> None:
+        """The encoder's stream waits for the main-stream writes of admissions so far (zeroed conv states,
+        prompt prefixes copied in). The engine calls it right after a step's joins, so that the wait
+        covers only those; otherwise the next encoder call makes it, waiting for all queued main work."""
+        if self._enc_waits_main:
+            assert self.enc_stream is not None
+            self.enc_stream.wait_stream(torch.cuda.current_stream(self.device))
+            self._enc_waits_main = False
 
     def join_encoder(self) -> None:
         """The main stream waits for the encoder's last ahead call (if any is not waited for yet)."""

@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--no-encoder-stream", action="store_true",
+                    help="keep the encoder on the main CUDA stream (RunnerOptions.encoder_stream)")
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.add_argument("files", nargs="+")
     args = ap.parse_args(argv)
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         audios = [load_audio_file(f, model.config.audio.sampling_rate) for f in args.files]
         n = max(1, min(args.batch, len(audios)))
         opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=not args.no_cuda_graphs,
-                             max_step_tokens=max(8, (args.k or 0) + 1))
+                             encoder_stream=not args.no_encoder_stream, max_step_tokens=max(8, (args.k or 0) + 1))
         run = transcribe_batch(model, tok, audios, delay_ms=args.delay_ms, opts=opts, speculative=spec)
     except (AudioError, ConfigError, CheckpointError, TokenizerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
