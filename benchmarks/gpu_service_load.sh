@@ -9,6 +9,8 @@
 #        search instead of the ramp), DURATION (10 s per client), PROCS (4), MAX_SESSIONS (1100),
 #        PYSPY_SECONDS (0: no profile), PYSPY_ARGS (e.g. --gil: only samples of the thread holding the GIL),
 #        DEVICE (cuda; cpu for a dry run), WORKERS (1: server processes, `--workers`; the profile needs 1)
+#        SERVER_CPUS / CLIENT_CPUS (e.g. 0-7 / 8-15: `taskset -c` lists that keep the server processes and the
+#        load tester on separate cores, so that a failing level says which side ran out; default: shared)
 # WHEELS_DIR holds the wheels the device lacks: websockets (and soundfile, cffi, pycparser; py-spy for
 # a profile), e.g. `pip download websockets py-spy --only-binary=:all: --python-version 3.12
 # --platform manylinux2014_x86_64 -d WHEELS_DIR`.
@@ -20,7 +22,9 @@ if [ -n "$wheels" ] && ls "$wheels"/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$wheels"/*.whl
 fi
 export PYTHONPATH=/tmp/site:$PWD
-python3 -m stream_server --model "${MODEL:-default}" --device "${DEVICE:-cuda}" --port $port --max-sessions "${MAX_SESSIONS:-1100}" \
+server_pin=(); [ -n "${SERVER_CPUS:-}" ] && server_pin=(taskset -c "$SERVER_CPUS")
+client_pin=(); [ -n "${CLIENT_CPUS:-}" ] && client_pin=(taskset -c "$CLIENT_CPUS")
+"${server_pin[@]}" python3 -m stream_server --model "${MODEL:-default}" --device "${DEVICE:-cuda}" --port $port --max-sessions "${MAX_SESSIONS:-1100}" \
   --max-session-seconds 120 --workers "${WORKERS:-1}" --log-level WARNING > "$out/server.log" 2>&1 &
 srv=$!
 for _ in $(seq 1 600); do  # with --workers, until the supervisor reports all of them listening
@@ -37,7 +41,7 @@ if [ "${PYSPY_SECONDS:-0}" != 0 ]; then
     ${PYSPY_ARGS:-} --format raw -o "$out/pyspy.txt" > "$out/pyspy.log" 2>&1 &
 fi
 if [ -n "${SEARCH:-}" ]; then levels=(--search "$SEARCH"); else levels=(--ramp "$ramp"); fi
-python3 -m stream_server.loadtest --processes "$procs" --url ws://127.0.0.1:$port "${levels[@]}" \
+"${client_pin[@]}" python3 -m stream_server.loadtest --processes "$procs" --url ws://127.0.0.1:$port "${levels[@]}" \
   --duration "${DURATION:-10}" --delay-ms 480 --stagger-ms 2000 --max-time 300 --no-plots --out "$out/loadtest.json" > "$out/loadtest.txt" \
   2> "$out/loadtest.err"
 rc=$?
