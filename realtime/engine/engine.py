@@ -306,8 +306,9 @@ class BatchedEngine:
             if self.opts.encode_ahead:
                 # the next step's audio, where it has arrived, is encoded now, queued behind this step: its
                 # host work overlaps the device, the tokens do not wait for it, and the next step has none.
-                # On CUDA it runs on the encoder's stream, beside this step (`ModelRunner.on_encoder_stream`):
-                # it writes ring rows of later positions than this step reads.
+                # Queued as an ahead call (`ModelRunner.on_encoder_stream`): where the runner has an encoder
+                # stream (CUDA, not speculating) it runs beside this step, writing ring rows of later
+                # positions than this step reads.
                 if self.speculator is not None:
                     self.speculator.look_ahead_next()
                 else:

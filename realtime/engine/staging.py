@@ -29,7 +29,8 @@ class CopyFence:
 
     `mark()`: the tickets issued so far; `passed(upto)`: the caller has just waited for everything queued
     before `mark()` returned `upto` (e.g. an event recorded after a step's device -> host token copy), or
-    for everything queued so far (upto None); `wait()`: wait for the whole stream now."""
+    for everything queued so far (upto None); `wait()`: wait for the whole device now (the encoder's
+    copies may be queued on a stream of their own: `ModelRunner.on_encoder_stream`)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
