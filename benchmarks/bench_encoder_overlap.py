@@ -10,7 +10,13 @@ run, on the same model and batch:
   encoder queued after the LM launch, behind it; the tokens do not wait for it);
 - `ahead_encoder_stream`: the same order, the encoder on its own stream (the engine's default).
 
-    python benchmarks/bench_encoder_overlap.py --model DIR [--counts 1,64,256] [--steps 200] --out F.json
+    python benchmarks/bench_encoder_overlap.py --model DIR [--counts 1,64,256] [--steps 200] --out F.json \
+        [--modes serial,ahead_encoder_stream] [--variants cublas,skinny_pdl]
+
+`--variants` also A/Bs the projection kernels in the same run (environment switches of `kernels`, set
+while a variant's runners capture and replay their graphs): `cublas` (F.linear, no programmatic
+dependent launch: the code before the twenty-third session), `pdl` (PDL on the Triton kernels only),
+`skinny` (few-row Triton projections, no PDL), `skinny_pdl` (both: the default).
 
 Drives `ModelRunner` directly (graphs on) through `bench_engine.SyntheticStreams`, at a session age of
 one minute. DIR without a checkpoint gets the full-size random one (`gpu_model_parity.build_checkpoint`).
@@ -21,9 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -39,6 +47,14 @@ from realtime.loader import load_model
 
 log = logging.getLogger("bench_encoder_overlap")
 
+VARIANTS = {  # name: environment of `kernels` (see kernels/linear.py and kernels/_dispatch.py)
+    "default": {},
+    "cublas": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "0"},
+    "pdl": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "0"},
+    "skinny": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "16"},
+    "skinny_pdl": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16"},
+}
+
 MODES = {  # name: (the runner's encoder stream, encode ahead)
     "serial": (False, False),
     "ahead_one_stream": (False, True),
@@ -53,25 +69,40 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench_encoder_overlap.json")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--variants", default="default", help=f"comma list of {sorted(VARIANTS)}")
     args = ap.parse_args()
+    modes = args.modes.split(",")
+    variants = args.variants.split(",")
+    for name in modes + variants:
+        if name not in MODES and name not in VARIANTS:
+            ap.error(f"unknown mode or variant {name!r}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     random_checkpoint(Path(args.model))
     model, _ = load_model(args.model, device="cuda", dtype=torch.bfloat16)
     floor_ms = weight_bytes(model) / copy_bandwidth() * 1e3
-    report: dict = {"gpu": torch.cuda.get_device_name(), "model": args.model, "floor_ms": floor_ms, "rows": []}
+    report: dict = {"gpu": torch.cuda.get_device_name(), "model": args.model, "floor_ms": floor_ms,
+                    "variants": {v: VARIANTS[v] for v in variants}, "rows": []}
     for n in [int(x) for x in args.counts.split(",")]:
-        runners = {stream: ModelRunner(model, RunnerOptions(max_streams=n, max_batch=n, max_session_seconds=120,
-                                                            encoder_stream=stream)) for stream in (False, True)}
-        row: dict = {"streams": n, **{mode: [] for mode in MODES}}
+        runners = {}
+        for variant in variants:
+            with mock.patch.dict(os.environ, VARIANTS[variant]):
+                for stream in sorted({MODES[m][0] for m in modes}):
+                    runners[variant, stream] = ModelRunner(model, RunnerOptions(
+                        max_streams=n, max_batch=n, max_session_seconds=120, encoder_stream=stream))
+        keys = [(v, m) for v in variants for m in modes]
+        row: dict = {"streams": n, **{f"{v}/{m}": [] for v, m in keys}}
         for _ in range(args.repeats):  # alternated, so drift hits every mode alike
-            for mode, (stream, ahead) in MODES.items():
-                sim = SyntheticStreams(runners[stream], n, [750] * n, ahead=ahead)
-                row[mode].append(time_steps(sim, args.steps, warmup=10))
-                sim.release()
-        for mode in MODES:
-            row[f"{mode}_median_ms"] = statistics.median(x["median_ms"] for x in row[mode])
+            for variant, mode in keys:
+                stream, ahead = MODES[mode]
+                with mock.patch.dict(os.environ, VARIANTS[variant]):  # graphs are captured in a variant's first steps
+                    sim = SyntheticStreams(runners[variant, stream], n, [750] * n, ahead=ahead)
+                    row[f"{variant}/{mode}"].append(time_steps(sim, args.steps, warmup=10))
+                    sim.release()
+        for v, m in keys:
+            row[f"{v}/{m}_median_ms"] = statistics.median(x["median_ms"] for x in row[f"{v}/{m}"])
         log.info("streams %d: %s; floor %.3f ms", n,
-                 ", ".join(f"{m} {row[f'{m}_median_ms']:.3f} ms" for m in MODES), floor_ms)
+                 ", ".join(f"{v}/{m} {row[f'{v}/{m}_median_ms']:.3f} ms" for v, m in keys), floor_ms)
         report["rows"].append(row)
         del runners
         torch.cuda.empty_cache()

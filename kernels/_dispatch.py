@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import os
 from typing import Literal
 
 import torch
@@ -40,3 +42,30 @@ def check_index_tensor(name: str, t: torch.Tensor, length: int, device: torch.de
 
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _compute_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether Triton kernels on `device` launch with programmatic dependent launch (PDL, sm_90+).
+
+    With PDL a kernel may start while the kernel before it on the stream is still running: it
+    becomes resident, requests the weights it will need (they never depend on the previous kernel),
+    and only then waits (`griddepcontrol.wait`) for the previous kernel's results. At batch 1 a step
+    is a chain of ~300 dependent kernels that each pay a fill-and-drain of a few microseconds; PDL
+    overlaps that with the previous kernel's tail. Every kernel that launches with PDL waits before it
+    reads activations or writes anything, so it is safe after any kernel (one that never signals is
+    treated as signalling at its end). STREAMSCRIBE_PDL=0 turns it off (benchmarks A/B it).
+    """
+    if (device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+            or os.environ.get("STREAMSCRIBE_PDL", "1") == "0"):
+        return False
+    return _compute_capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
+def pdl_launch_args(device: torch.device) -> dict[str, bool]:
+    """Keyword arguments of a Triton launch of a kernel with a `USE_GDC` constexpr."""
+    return {"USE_GDC": True, "launch_pdl": True} if pdl_enabled(device) else {"USE_GDC": False}

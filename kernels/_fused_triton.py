@@ -6,11 +6,15 @@ import torch
 import triton
 import triton.language as tl
 
+from ._dispatch import pdl_launch_args
+from ._pdl_triton import pdl_prologue
+
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, scale_ptr, y_ptr, res_out_ptr, n_cols, eps,
                          sx, sr, ss, sy, so,
-                         HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+    pdl_prologue(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols
@@ -49,16 +53,18 @@ def launch_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: 
         _add_rms_norm_kernel[(rows,)](x2, r2, weight, s2, y, res_out, n, eps,
                                      x2.stride(0), r2.stride(0), s2.stride(0), y.stride(0), res_out.stride(0),
                                      HAS_RES=residual is not None, HAS_SCALE=scale is not None,
-                                     BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8)
+                                     BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8,
+                                     **pdl_launch_args(x.device))
     out_res = res_out.view(x.shape) if residual is not None else x
     return y.view(x.shape), out_res
 
 
 @triton.jit
 def _rope_kernel(q_ptr, k_ptr, yq_ptr, yk_ptr, cos_ptr, sin_ptr, n_q, n_k, sqt, sqh, skt, skh, syqt, syqh, sykt, sykh,
-                 sc, Q_BLOCKS, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+                 sc, Q_BLOCKS, HALF: tl.constexpr, BLOCK_H: tl.constexpr, USE_GDC: tl.constexpr):
     """One program per (token, block of q heads or of k heads): y = x*cos + rotate_half(x)*sin, rounded
     like eager. q and k share the launch (one kernel per attention layer, not two)."""
+    pdl_prologue(USE_GDC)
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     if hb < Q_BLOCKS:
@@ -110,12 +116,13 @@ def launch_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
         _rope_kernel[(t_all, q_blocks + triton.cdiv(nk, block_h))](
             q3, k3, yq, yk, cos2, sin2, nq, nk, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
             yq.stride(0), yq.stride(1), yk.stride(0), yk.stride(1), cos2.stride(0), q_blocks,
-            HALF=d // 2, BLOCK_H=block_h, num_warps=2)
+            HALF=d // 2, BLOCK_H=block_h, num_warps=2, **pdl_launch_args(q.device))
     return yq.view(q.shape), yk.view(k.shape)
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, y_ptr, n_cols, sx, sy, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, y_ptr, n_cols, sx, sy, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+    pdl_prologue(USE_GDC)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < n_cols
@@ -135,5 +142,6 @@ def launch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     y = torch.empty(x2.shape[0], n, device=gate_up.device, dtype=gate_up.dtype)
     block = 1024
     if x2.shape[0]:
-        _silu_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, y, n, x2.stride(0), y.stride(0), BLOCK=block)
+        _silu_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, y, n, x2.stride(0), y.stride(0), BLOCK=block,
+                                                                   **pdl_launch_args(x2.device))
     return y.view(*gate_up.shape[:-1], n)

@@ -8,11 +8,15 @@ import torch
 import triton
 import triton.language as tl
 
+from ._dispatch import pdl_launch_args
+from ._pdl_triton import pdl_prologue
+
 
 @triton.jit
 def gather_add_kernel(out_ptr, tok_ptr, emb_ptr, aud_ptr, arow_ptr, hidden, stride_out, stride_emb, stride_aud,
-                      stride_tok, stride_arow, BLOCK_H: tl.constexpr):
+                      stride_tok, stride_arow, BLOCK_H: tl.constexpr, USE_GDC: tl.constexpr):
     """One program per (row, BLOCK_H slice of hidden): two row gathers, an fp32 add, one store."""
+    pdl_prologue(USE_GDC)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     in_row = cols < hidden
@@ -43,4 +47,4 @@ def launch_gather_add(out: torch.Tensor, token_ids: torch.Tensor, embed_table: t
     with torch.cuda.device(out.device) if out.is_cuda else contextlib.nullcontext():
         gather_add_kernel[grid](out, token_ids, embed_table, aud, audio_rows, hidden, out.stride(0),
                                 embed_table.stride(0), stride_aud, token_ids.stride(0), audio_rows.stride(0),
-                                BLOCK_H=block_h, num_warps=4)
+                                BLOCK_H=block_h, num_warps=4, **pdl_launch_args(out.device))

@@ -24,6 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ._dispatch import pdl_launch_args
+from ._pdl_triton import pdl_prologue
+
 MIN_KEYS_PER_SPLIT = 128  # below this a split costs more in combining than it gains in parallelism
 MAX_SPLITS = 64
 PROGRAMS_PER_SM = 4  # target occupancy when choosing the number of splits
@@ -34,8 +37,9 @@ def write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, num_heads,
                     stride_kt, stride_kh, stride_vt, stride_vh,
                     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_slot,
                     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
-                    BLOCK_D: tl.constexpr):
+                    BLOCK_D: tl.constexpr, USE_GDC: tl.constexpr):
     """One program per token: copy its [Hkv, D] key and value rows to their cache slot (slot < 0: skip)."""
+    pdl_prologue(USE_GDC)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t * stride_slot).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
@@ -60,7 +64,8 @@ def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_pt
                            HQ: tl.constexpr, GROUP: tl.constexpr, RUN: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                           IEEE: tl.constexpr, HAS_TREE: tl.constexpr):
+                           IEEE: tl.constexpr, HAS_TREE: tl.constexpr, USE_GDC: tl.constexpr):
+    pdl_prologue(USE_GDC)
     run = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -152,8 +157,9 @@ def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_pt
 @triton.jit
 def combine_splits_kernel(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, stride_ot, stride_oh,
                           HQ: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_GDC: tl.constexpr):
     """One program per (token, q head): merge the splits' partial softmaxes (log-sum-exp rescaling)."""
+    pdl_prologue(USE_GDC)
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -195,7 +201,7 @@ def launch_write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
                               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), slot_mapping.stride(0),
                               HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], BLOCK_H=triton.next_power_of_2(hkv),
-                              BLOCK_D=triton.next_power_of_2(d), num_warps=4)
+                              BLOCK_D=triton.next_power_of_2(d), num_warps=4, **pdl_launch_args(k.device))
 
 
 def kernel_config(dtype: torch.dtype, block_m: int) -> tuple[int, int]:
@@ -260,9 +266,10 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             0 if tree_slots is None else tree_slots.stride(0),
             HQ=hq, GROUP=group, RUN=run, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_D=block_d,
             BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_WINDOW=has_window, IEEE=q.dtype == torch.float32,
-            HAS_TREE=tree_root is not None, num_warps=num_warps, num_stages=2)
+            HAS_TREE=tree_root is not None, num_warps=num_warps, num_stages=2,
+            **pdl_launch_args(q.device))
         if num_splits > 1:
             combine_splits_kernel[(t, hq)](
                 ws_acc, ws_m, ws_l, out, out.stride(0), out.stride(1),
                 HQ=hq, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-                BLOCK_D=block_d, num_warps=2)
+                BLOCK_D=block_d, num_warps=2, **pdl_launch_args(q.device))

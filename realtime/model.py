@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.fused_ops import add_rms_norm, rope, silu_mul
+from kernels.linear import linear
 
 from .config import DecoderConfig, EncoderConfig, ModelConfig
 
@@ -111,7 +112,7 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         if self._qkv is not None and not torch.is_grad_enabled():  # training keeps separate leaves
             nq, nk = self.heads * self.head_dim, self.kv_heads * self.head_dim
-            q, k, v = F.linear(x, *self._qkv).split([nq, nk, nk], dim=-1)
+            q, k, v = linear(x, *self._qkv).split([nq, nk, nk], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.reshape(b, t, self.heads, self.head_dim)
@@ -119,7 +120,7 @@ class Attention(nn.Module):
         v = v.reshape(b, t, self.kv_heads, self.head_dim)
         q, k = rope(q, k, cos, sin)
         out = backend.attend(layer, q, k, v)
-        return self.o_proj(out.reshape(b, t, self.heads * self.head_dim))
+        return linear(out.reshape(b, t, self.heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
 
 
 class SwiGLU(nn.Module):
@@ -138,7 +139,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._gate_up is not None and not torch.is_grad_enabled():
-            return self.down_proj(silu_mul(F.linear(x, self._gate_up)))
+            return linear(silu_mul(linear(x, self._gate_up)), self.down_proj.weight, self.down_proj.bias)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -244,7 +245,8 @@ class AudioAdapter(nn.Module):
         b, t, h = frames.shape
         if t % self.factor:
             raise ValueError(f"adapter needs a multiple of {self.factor} encoder frames, got {t}")
-        return self.linear_2(F.gelu(self.linear_1(frames.reshape(b, t // self.factor, h * self.factor))))
+        stacked = frames.reshape(b, t // self.factor, h * self.factor)
+        return linear(F.gelu(linear(stacked, self.linear_1.weight)), self.linear_2.weight)
 
 
 # ---------------------------------------------------------------------------------------
@@ -391,7 +393,7 @@ class VoxtralRealtime(nn.Module):
         return table.index_select(1, delay_tokens.reshape(-1))[:, None]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.head_weight())
+        return linear(hidden, self.head_weight())
 
     # -- whole-sequence forward (training, teacher forcing, parity checks) ---------------------
     def forward(self, input_ids: torch.Tensor, mel: torch.Tensor, delay_tokens: torch.Tensor) -> torch.Tensor:

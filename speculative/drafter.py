@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.linear import linear
 from realtime.config import DecoderConfig, ModelConfig
 from realtime.loader import CheckpointError, describe_misfit
 from realtime.model import (
@@ -185,7 +186,7 @@ class EagleModel(nn.Module):
     def forward(self, inputs_embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 t_cond: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         """inputs_embeds, hidden: [B, T, H] (x_q and h_{q-1}); positions [B, T] -> g [B, T, H]."""
-        x = self.fc(torch.cat([inputs_embeds, hidden], dim=-1))
+        x = linear(torch.cat([inputs_embeds, hidden], dim=-1), self.fc.weight)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
         residual = None  # the target's layer API: (branch output, residual stream), added in the next norm
         for i, layer in enumerate(self.layers):
@@ -193,7 +194,7 @@ class EagleModel(nn.Module):
         return self.norm(x, residual)[0]
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
-        return F.linear(g, self.embed_weight)
+        return linear(g, self.embed_weight)
 
 
 class EagleDrafter(EagleModel, SupportsMultiModalEmbeddings):

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -146,3 +147,17 @@ def test_pyspy_summary_counts_each_function_once_per_sample(tmp_path):
     assert list(out) == ["MainThread", "engine"]
     assert out["MainThread"]["samples"] == 10 and out["engine"]["samples"] == 4
     assert dict(out["MainThread"]["top"]) == {"run (a.py)": 10, "step (b.py)": 7, "idle (c.py)": 3}
+
+
+def test_encoder_overlap_benchmark_refuses_unknown_modes_and_variants(monkeypatch, capsys) -> None:
+    """Argument checks run before any GPU work; each variant is an environment of `kernels`' switches."""
+    import bench_encoder_overlap as beo
+
+    for bad in (["--modes", "serial,sideways"], ["--variants", "cublas,fastest"]):
+        monkeypatch.setattr(sys, "argv", ["bench_encoder_overlap.py", "--model", "nowhere", *bad])
+        with pytest.raises(SystemExit):
+            beo.main()
+        assert "unknown mode or variant" in capsys.readouterr().err
+    assert set(beo.MODES) == {"serial", "ahead_one_stream", "ahead_encoder_stream"}
+    assert beo.VARIANTS["cublas"] == {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "0"}
+    assert beo.VARIANTS["default"] == {}

@@ -1,0 +1,61 @@
+"""`linear`: y = x @ weight.T + bias, with a one-launch Triton kernel for a few rows on the GPU.
+
+At batch 1 every projection of a step multiplies 1 row (LM) or 4 rows (encoder: the frames of one
+token) by a weight matrix: the time is the weight bytes plus a fixed cost per launch, and the step is a
+chain of ~300 dependent launches. The Triton kernel (`_linear_triton.py`) requests its first weight
+tile before waiting on the previous kernel (programmatic dependent launch, `_dispatch.pdl_enabled`),
+which a cuBLAS launch cannot do. (Norm or SiLU·mul folded into the kernel's prologue were measured
+and were slower: docs/benchmarks.md, twenty-third session.)
+
+Larger row counts, fp32, training and the CPU take `F.linear` (the reference).
+STREAMSCRIBE_SKINNY_ROWS (default 16, at most 16) is the largest row count sent to the Triton kernel;
+0 sends everything to `F.linear` (benchmarks A/B it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from ._dispatch import use_triton
+
+MAX_ROWS = 16  # the kernel pads rows to one 16-row tensor-core tile
+
+
+def skinny_rows_limit() -> int:
+    return max(0, min(MAX_ROWS, int(os.environ.get("STREAMSCRIBE_SKINNY_ROWS", str(MAX_ROWS)))))
+
+
+def _takes_kernel(backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    tensors = (x, weight, bias)
+    return (use_triton(backend, x.device) and x.dtype in (torch.float16, torch.bfloat16)
+            and 0 < rows <= skinny_rows_limit()
+            and all(t is None or (t.dtype == x.dtype and t.stride(-1) == 1) for t in tensors[1:])
+            and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)))
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """[rows, width] with unit stride along width (a view when possible)."""
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           backend: str = "auto") -> torch.Tensor:
+    """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N] in x's dtype, accumulated in fp32."""
+    if not _takes_kernel(backend, x, weight, bias):
+        return F.linear(x, weight, bias)
+    k = x.shape[-1]
+    if weight.shape[-1] != k or (bias is not None and bias.shape != weight.shape[:1]):
+        raise ValueError(f"linear: input width {k}, weight {tuple(weight.shape)}, "
+                         f"bias {None if bias is None else tuple(bias.shape)}")
+    from ._linear_triton import launch_linear
+
+    x2 = _rows(x)
+    y = torch.empty(x2.shape[0], weight.shape[0], device=x.device, dtype=x.dtype)
+    launch_linear(x2, weight, bias, y)
+    return y.view(*x.shape[:-1], weight.shape[0])
