@@ -9,10 +9,17 @@ macOS) the torch references still work.
   persistent `inputs_embeds` buffer.
 - `write_kv` / `paged_attention`: short-query attention (decode, encoder step, speculative
   verify) over paged key/value caches addressed through per-sequence ring block tables.
+- `fused_ops`: residual add + RMS norm (+ delay scale), RoPE for q and k, SiLU·mul.
+- `linear`: projections of 1-16 rows in one launch (batch 1's step), `F.linear` otherwise.
 
-The dispatching functions (`gather_add_embeddings`, `write_kv`, `paged_attention`) take
-`backend="auto" | "triton" | "torch"`: "auto" runs Triton on CUDA tensors and the reference elsewhere; "triton" on CPU tensors works only under the Triton
-interpreter (`TRITON_INTERPRET=1`, which is how the CPU test suite runs the kernels).
+The dispatching functions take `backend="auto" | "triton" | "torch"`: "auto" runs Triton on CUDA
+tensors and the reference elsewhere; "triton" on CPU tensors works only under the Triton interpreter
+(`TRITON_INTERPRET=1`, which is how the CPU test suite runs the kernels).
+
+On sm_90+ every Triton kernel launches with programmatic dependent launch (`_dispatch.pdl_enabled`):
+it may start while the previous kernel runs and waits for its results before reading them. Switches
+for A/B runs (read at launch, so at graph capture): STREAMSCRIBE_PDL=0 (no PDL),
+STREAMSCRIBE_SKINNY_ROWS=N (the Triton projection for at most N rows; 0: always `F.linear`).
 """
 
 from ._dispatch import HAVE_TRITON
