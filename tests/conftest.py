@@ -7,7 +7,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +142,19 @@ def run_under_triton_interpreter(script: Path) -> dict[str, str]:
     if proc.returncode != 0 or not lines:
         pytest.fail(f"interpreter subprocess failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return json.loads(lines[-1][len("RESULTS "):])
+
+
+def report_interpreter_checks(checks: dict[str, Callable[[], None]]) -> None:
+    """The script side of `run_under_triton_interpreter`: run each named check and print the RESULTS
+    line ("ok", or the check's traceback, which the parent test shows)."""
+    results = {}
+    for name, check in checks.items():
+        try:
+            check()
+            results[name] = "ok"
+        except Exception:  # noqa: BLE001 - any failure goes back to the parent test as its traceback
+            results[name] = traceback.format_exc()
+    print("RESULTS " + json.dumps(results))
 
 
 @pytest.fixture(scope="module")

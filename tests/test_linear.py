@@ -8,13 +8,12 @@ triton is imported); on a GPU it also runs natively, in bf16, with and without P
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import traceback
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import report_interpreter_checks
 
 from kernels import linear as linear_mod
 from kernels._dispatch import pdl_enabled, pdl_launch_args
@@ -62,41 +61,32 @@ def _check_against_f_linear(dtype: torch.dtype, atol: float, device: str = "cpu"
     return calls["n"]
 
 
-def _interpreter_main() -> None:
-    assert os.environ.get("TRITON_INTERPRET") == "1"
+def _kernel_equals_f_linear() -> None:
     import kernels._linear_triton as lt
 
-    results = {}
-    try:
-        assert _check_against_f_linear(torch.float16, atol=2e-2) == 8, "the Triton kernel did not run for every case"
-        # fp32 goes to F.linear in the model (the kernel's tl.dot would round to tf32 on a GPU); the
-        # interpreter computes in fp32, so the kernel's indexing is checked here exactly
-        g = torch.Generator().manual_seed(1)
-        for m, k, n in ((1, 300, 70), (16, 700, 40)):
-            x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
-            y = torch.full((m, n), float("nan"))
-            lt.launch_linear(x, w, b, y)
-            torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-4, rtol=1e-5)
-        results["float16"] = "ok"
-    except Exception:  # noqa: BLE001 - any failure goes back to the parent test as its traceback
-        results["float16"] = traceback.format_exc()
-    try:
-        with _counted_launches() as launched:
-            x17 = torch.randn(17, 32).half()
-            w = torch.randn(8, 32).half()
-            torch.testing.assert_close(linear(x17, w, backend="triton"), F.linear(x17, w))  # 17 rows: F.linear
-            torch.testing.assert_close(linear(x17.float(), w.float(), backend="triton"),
-                                       F.linear(x17.float(), w.float()))
-            os.environ["STREAMSCRIBE_SKINNY_ROWS"] = "0"
-            torch.testing.assert_close(linear(x17[:1], w, backend="triton"), F.linear(x17[:1], w))
-            assert launched["n"] == 0, "a case that must take F.linear launched the kernel"
-            del os.environ["STREAMSCRIBE_SKINNY_ROWS"]
-            linear(x17[:1], w, backend="triton")
-            assert launched["n"] == 1
-        results["fallbacks"] = "ok"
-    except Exception:  # noqa: BLE001
-        results["fallbacks"] = traceback.format_exc()
-    print("RESULTS " + json.dumps(results))
+    assert _check_against_f_linear(torch.float16, atol=2e-2) == 8, "the Triton kernel did not run for every case"
+    # fp32 goes to F.linear in the model (the kernel's tl.dot would round to tf32 on a GPU); the
+    # interpreter computes in fp32, so the kernel's indexing is checked here exactly
+    g = torch.Generator().manual_seed(1)
+    for m, k, n in ((1, 300, 70), (16, 700, 40)):
+        x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        y = torch.full((m, n), float("nan"))
+        lt.launch_linear(x, w, b, y)
+        torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-4, rtol=1e-5)
+
+
+def _fallbacks_take_f_linear() -> None:
+    with _counted_launches() as launched:
+        x17 = torch.randn(17, 32).half()
+        w = torch.randn(8, 32).half()
+        torch.testing.assert_close(linear(x17, w, backend="triton"), F.linear(x17, w))  # 17 rows: F.linear
+        torch.testing.assert_close(linear(x17.float(), w.float(), backend="triton"), F.linear(x17.float(), w.float()))
+        os.environ["STREAMSCRIBE_SKINNY_ROWS"] = "0"
+        torch.testing.assert_close(linear(x17[:1], w, backend="triton"), F.linear(x17[:1], w))
+        assert launched["n"] == 0, "a case that must take F.linear launched the kernel"
+        del os.environ["STREAMSCRIBE_SKINNY_ROWS"]
+        linear(x17[:1], w, backend="triton")
+        assert launched["n"] == 1
 
 
 @pytest.mark.parametrize("name", ["float16", "fallbacks"])
@@ -183,4 +173,5 @@ def test_gpu_kernel_and_pdl_chain_in_a_graph(rows, monkeypatch):
 
 
 if __name__ == "__main__":
-    _interpreter_main()
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    report_interpreter_checks({"float16": _kernel_equals_f_linear, "fallbacks": _fallbacks_take_f_linear})
