@@ -25,6 +25,7 @@ STREAMSCRIBE_SKINNY_ROWS=N (the Triton projection for at most N rows; 0: always 
 from ._dispatch import HAVE_TRITON
 from .gather_add import gather_add_embeddings, gather_add_reference
 from .paged_attention import (
+    RunsPlan,
     paged_attention,
     paged_attention_reference,
     paged_attention_runs,
@@ -35,6 +36,7 @@ from .paged_attention import (
 
 __all__ = [
     "HAVE_TRITON",
+    "RunsPlan",
     "gather_add_embeddings",
     "gather_add_reference",
     "paged_attention",

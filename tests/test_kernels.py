@@ -22,6 +22,7 @@ import torch
 
 import kernels
 from kernels import (
+    RunsPlan,
     gather_add_embeddings,
     gather_add_reference,
     paged_attention,
@@ -367,6 +368,37 @@ def test_paged_attention_runs_matches_dense(name: str, run_len: int | None, dtyp
     assert (out[case["q_pos"] < 0] == 0).all()
     assert torch.equal(paged_attention(*attention_args(case), tokens_per_run=run_len or 1), out), \
         "the CPU dispatch is this implementation"
+
+
+@pytest.mark.parametrize("run_len", [1, 4])
+def test_paged_attention_runs_clears_every_slot_a_run_may_not_read(run_len: int) -> None:
+    """Only the first gathered block and the tail can hold slots outside a run's range, so only those are
+    cleared (`RunsLayout.head_end` / `tail_start`). Here the run that ends earliest ends mid-block (the
+    rest of that block never written: NaN), no run is all padding, and the windows slide: every such
+    slot must be cleared. A plan reused for a second layer's cache gives that layer's own result."""
+    case = make_paged_case(11, hq=4, hkv=2, d=16, block_size=8, window=13, last=[21, 45, 38], q_lens=[3, 4, 2],
+                           dtype=torch.float32, run_len=run_len, pad_rows=0)
+    plan = RunsPlan()
+    out = paged_attention_runs(*attention_args(case), tokens_per_run=run_len, plan=plan)
+    lay = plan.layout
+    assert lay is not None and 0 < lay.tail_start < lay.phys.shape[1] * 8  # no all-padding run: head and tail only
+    assert torch.isfinite(out).all(), "a poisoned slot leaked in"
+    assert_attention_close(out, dense_attention(case), rel=1e-5)
+    other = make_paged_case(12, hq=4, hkv=2, d=16, block_size=8, window=13, last=[21, 45, 38], q_lens=[3, 4, 2],
+                            dtype=torch.float32, run_len=run_len, pad_rows=0)
+    args = list(attention_args(other))
+    args[3:6] = case["block_tables"], case["seq_ids"], case["q_pos"]  # the first layer's step metadata
+    k2 = torch.full_like(case["k_cache"], float("nan"))
+    v2 = torch.full_like(case["v_cache"], float("nan"))
+    written = ~case["k_cache"].isnan()
+    k2[written] = torch.randn(int(written.sum()))
+    v2[written] = torch.randn(int(written.sum()))
+    second = paged_attention_runs(case["q"], k2, v2, *args[3:], tokens_per_run=run_len, plan=plan)
+    fresh = paged_attention_runs(case["q"], k2, v2, *args[3:], tokens_per_run=run_len)
+    assert torch.isfinite(second).all() and torch.equal(second, fresh)
+    with pytest.raises(ValueError, match="plan was made for"):
+        paged_attention_runs(case["q"][:-1], k2, v2, case["block_tables"], case["seq_ids"][:-1], case["q_pos"][:-1],
+                             *args[6:], tokens_per_run=run_len, plan=plan)
 
 
 def test_paged_attention_runs_flags_a_run_that_mixes_sequences() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.paged_attention import paged_attention, write_kv
+from kernels.paged_attention import RunsPlan, paged_attention, write_kv
 
 from .kv_cache import PagedKVCache
 
@@ -28,11 +28,12 @@ class PagedAttention:
         self.tokens_per_run = tokens_per_run
         self.window = cache.spec.window
         self.scale = cache.spec.head_dim ** -0.5
+        self.plan = RunsPlan()  # the CPU path's index work: made by the first layer, reused by the others
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # [1, T, H, D]: the batch is flattened into one row of tokens
         write_kv(self.cache.k[layer], self.cache.v[layer], k[0], v[0], self.slot_mapping)
         out = paged_attention(q[0], self.cache.k[layer], self.cache.v[layer], self.block_tables, self.seq_ids,
                               self.q_pos, self.window, self.scale, tokens_per_run=self.tokens_per_run,
-                              tree_root=self.tree_root, tree_slots=self.tree_slots)
+                              tree_root=self.tree_root, tree_slots=self.tree_slots, plan=self.plan)
         return out[None]
