@@ -318,8 +318,9 @@ def paged_attention_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     n, length = lay.n_runs, lay.phys.shape[1] * block_size
     # fresh copies: slots outside the run's range are cleared in place (NaN there must never leak in:
     # a masked score is added to, not replaced)
-    keys = _cleared(k_cache[lay.phys].to(compute).view(n, length, hkv, d), lay)
-    vals = _cleared(v_cache[lay.phys].to(compute).view(n, length, hkv, d), lay)
+    blocks = lay.phys.reshape(-1)  # index_select: ~3x faster than advanced indexing on the CPU
+    keys = _cleared(torch.index_select(k_cache, 0, blocks).to(compute).view(n, length, hkv, d), lay)
+    vals = _cleared(torch.index_select(v_cache, 0, blocks).to(compute).view(n, length, hkv, d), lay)
     qf = q.to(compute)
     if lay.pad:
         qf = torch.cat([qf, qf.new_zeros(lay.pad, hq, d)])
