@@ -26,7 +26,6 @@ output and is the same in both. It first checks that both chains compute the sam
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -181,14 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=26)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if not torch.cuda.is_available():
-        log.error("needs a CUDA GPU")
-        return 2
     from bench_kernels import copy_bandwidth
-    from bench_skinny_gemm import graph_us_per_call  # median of a graph's replays, warmed up first
+    from bench_skinny_gemm import cuda_for_experiment, finish_experiment, graph_us_per_call
 
-    dev = torch.device("cuda")
+    dev = cuda_for_experiment(log)
+    if dev is None:
+        return 2
     g = torch.Generator().manual_seed(0)
     layers = [LayerWeights(dev, LM_SHAPES, g) for _ in range(args.layers)]
     h = LM_SHAPES["hidden"]
@@ -221,10 +218,7 @@ def main(argv: list[str] | None = None) -> int:
              unfused_ms, fused[best], best)
     result = {"gpu": torch.cuda.get_device_name(), "layers": args.layers, "floor_ms": floor_ms,
               "unfused_ms": unfused_ms, "fused_ms": fused, "best_config": best, "configs_wrong": failed}
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
-    return 1 if failed else 0
+    return finish_experiment(result, args.out, failed)
 
 
 if __name__ == "__main__":

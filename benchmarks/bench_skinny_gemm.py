@@ -98,16 +98,31 @@ def graph_us_per_call(calls: list) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def cuda_for_experiment(logger: logging.Logger) -> torch.device | None:
+    """Logging set up for a GPU experiment script, and its device (None, logged, without a GPU)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if not torch.cuda.is_available():
+        logger.error("needs a CUDA GPU")
+        return None
+    return torch.device("cuda")
+
+
+def finish_experiment(result: dict, out: str | None, failed: int) -> int:
+    """Write the result (to `out` when given, and stdout); exit status 1 when a correctness check failed."""
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--weights-mb", type=float, default=400.0, help="weight copies per shape (beyond L2)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if not torch.cuda.is_available():
-        log.error("needs a CUDA GPU")
+    dev = cuda_for_experiment(log)
+    if dev is None:
         return 2
-    dev = torch.device("cuda")
     torch.manual_seed(0)
     skinny_linear = skinny_linear_factory()
     bw = copy_bandwidth(dev)
@@ -147,10 +162,7 @@ def main(argv: list[str] | None = None) -> int:
              {k: round(v, 1) for k, v in totals.items()})
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_GBps": bw / 1e9,
               "rows": rows, "per_step": totals}
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
-    return 1 if failed else 0
+    return finish_experiment(result, args.out, failed)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,11 @@ MAX_ROWS = 16  # the kernel pads rows to one 16-row tensor-core tile
 
 
 def skinny_rows_limit() -> int:
-    return max(0, min(MAX_ROWS, int(os.environ.get("STREAMSCRIBE_SKINNY_ROWS", str(MAX_ROWS)))))
+    value = os.environ.get("STREAMSCRIBE_SKINNY_ROWS", str(MAX_ROWS))
+    try:
+        return max(0, min(MAX_ROWS, int(value)))
+    except ValueError:
+        raise ValueError(f"STREAMSCRIBE_SKINNY_ROWS must be an integer (0..{MAX_ROWS}), got {value!r}") from None
 
 
 def _takes_kernel(backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

@@ -220,7 +220,6 @@ class RunsPlan:
     (`PagedAttention` holds one per step). The Triton path never fills it."""
 
     layout: RunsLayout | None = None
-    max_pos: int = -1
 
 
 def _runs_layout(block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None,
@@ -295,22 +294,19 @@ def paged_attention_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
     if tokens_per_run < 1:
         raise ValueError(f"tokens_per_run must be >= 1, got {tokens_per_run}")
-    if plan is not None and plan.layout is not None:
-        lay, max_pos = plan.layout, plan.max_pos
+    lay = plan.layout if plan is not None else None
+    if lay is not None:  # an earlier layer's: every row below is overwritten, so no zeroing and no host sync
         if lay.t != q.shape[0] or lay.r != tokens_per_run:
             raise ValueError(f"the plan was made for {lay.t} rows in runs of {lay.r}, "
                              f"got {q.shape[0]} in runs of {tokens_per_run}")
-        result = torch.zeros_like(q) if out is None else out
-        if max_pos < 0:
-            result.zero_()
+        result = torch.empty_like(q) if out is None else out
     else:
         result, max_pos = _output_and_max_position(q, q_pos, out)
-        lay = None if max_pos < 0 else _runs_layout(block_tables, seq_ids, q_pos, window, k_cache.shape[1],
-                                                    tokens_per_run, max_pos)
+        if max_pos < 0:  # all padding: zeros (an all-padding step recomputes this, it is free)
+            return result
+        lay = _runs_layout(block_tables, seq_ids, q_pos, window, k_cache.shape[1], tokens_per_run, max_pos)
         if plan is not None:
-            plan.layout, plan.max_pos = lay, max_pos
-    if lay is None:
-        return result
+            plan.layout = lay
     _, block_size, hkv, d = k_cache.shape
     hq = q.shape[1]
     group = hq // hkv

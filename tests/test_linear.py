@@ -111,6 +111,10 @@ def test_limits_and_pdl_switches(monkeypatch):
     assert skinny_rows_limit() == linear_mod.MAX_ROWS == 16
     monkeypatch.setenv("STREAMSCRIBE_SKINNY_ROWS", "4")
     assert skinny_rows_limit() == 4
+    monkeypatch.setenv("STREAMSCRIBE_SKINNY_ROWS", "four")
+    with pytest.raises(ValueError, match="STREAMSCRIBE_SKINNY_ROWS must be an integer"):
+        skinny_rows_limit()
+    monkeypatch.setenv("STREAMSCRIBE_SKINNY_ROWS", "4")
     cpu = torch.device("cpu")
     assert not pdl_enabled(cpu) and pdl_launch_args(cpu) == {"USE_GDC": False}
     if torch.cuda.is_available():
