@@ -16,7 +16,8 @@ run, on the same model and batch:
 `--variants` also A/Bs the projection kernels in the same run (environment switches of `kernels`, set
 while a variant's runners capture and replay their graphs): `cublas` (F.linear, no programmatic
 dependent launch: the code before the twenty-third session), `pdl` (PDL on the Triton kernels only),
-`skinny` (few-row Triton projections, no PDL), `skinny_pdl` (both: the default).
+`skinny` (few-row Triton projections, no PDL), `skinny_pdl` (both: the twenty-third session's default),
+`one_row` (and the fused one-row LM kernels of `kernels.one_row` at batch 1: the default).
 
 Drives `ModelRunner` directly (graphs on) through `bench_engine.SyntheticStreams`, at a session age of
 one minute. DIR without a checkpoint gets the full-size random one (`gpu_model_parity.build_checkpoint`).
@@ -47,12 +48,13 @@ from realtime.loader import load_model
 
 log = logging.getLogger("bench_encoder_overlap")
 
-VARIANTS = {  # name: environment of `kernels` (see kernels/linear.py and kernels/_dispatch.py)
+VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py, kernels/_dispatch.py, model_runner)
     "default": {},
-    "cublas": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "0"},
-    "pdl": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "0"},
-    "skinny": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "16"},
-    "skinny_pdl": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16"},
+    "cublas": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "0", "STREAMSCRIBE_ONE_ROW": "0"},
+    "pdl": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "0", "STREAMSCRIBE_ONE_ROW": "0"},
+    "skinny": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "0"},
+    "skinny_pdl": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "0"},
+    "one_row": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1"},
 }
 
 MODES = {  # name: (the runner's encoder stream, encode ahead)

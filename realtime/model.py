@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Protocol
+from typing import ClassVar, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from typing_extensions import TypeIs
 
+from kernels import one_row
 from kernels.fused_ops import add_rms_norm, rope, silu_mul
 from kernels.linear import linear
 
@@ -32,6 +34,26 @@ class AttentionBackend(Protocol):
     """
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+class SupportsFusedKVWrite(AttentionBackend, Protocol):
+    """A backend whose keys/values the q/k/v projection may write itself (`one_row.norm_qkv_rope_kv`):
+    it names the cache and slot of the step's one row, then attends over what is in the cache."""
+
+    supports_fused_kv_write: ClassVar[Literal[True]] = True
+
+    def kv_destination(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(k_cache, v_cache, slot [1]) where the row's key and value of `layer` go."""
+        ...
+
+    def attend_cached(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """`attend` for q [1, 1, Hq, D] whose keys/values are already in the cache."""
+        ...
+
+
+def supports_fused_kv_write(backend: object) -> TypeIs[SupportsFusedKVWrite]:
+    """True only if the backend's class declares the capability (the flag is exactly True)."""
+    return getattr(type(backend), "supports_fused_kv_write", False) is True
 
 
 class RMSNorm(nn.Module):
@@ -321,6 +343,30 @@ class LanguageModel(nn.Module):
             x, residual = layer(x, residual, cos, sin, scales[i], backend, i)
         return self.norm(x, residual)[0]
 
+    def forward_one_row(self, inputs_embeds: torch.Tensor, position: torch.Tensor, ada_scales: torch.Tensor,
+                        backend: SupportsFusedKVWrite) -> torch.Tensor:
+        """`forward` for ONE row through the fused one-row kernels (`kernels.one_row`, 6 kernels a layer):
+        inputs_embeds [H], position [1], ada_scales [L, H] -> the residual stream after the last layer [H]
+        (the final norm is left to the head, `VoxtralRealtime.one_row_logits`). Needs the fused
+        projections of `VoxtralRealtime.fuse_projections`."""
+        c = self.config
+        cos, sin = rope_cos_sin(position, self.inv_freq, inputs_embeds.dtype)
+        cos, sin = cos.reshape(-1), sin.reshape(-1)
+        res = inputs_embeds  # the residual stream; the first layer's norm reads the input itself
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            if attn._qkv is None or mlp._gate_up is None:
+                raise RuntimeError("forward_one_row needs the fused projections (fuse_projections)")
+            k_cache, v_cache, slot = backend.kv_destination(i)
+            q = one_row.norm_qkv_rope_kv(res, layer.input_layernorm.weight, c.rms_norm_eps, attn._qkv[0], cos, sin,
+                                         k_cache, v_cache, slot, c.num_heads, c.num_kv_heads)
+            out = backend.attend_cached(i, q[None, None])
+            res = one_row.linear_residual(out.reshape(-1), attn.o_proj.weight, res)
+            act = one_row.norm_gate_up_silu(res, layer.post_attention_layernorm.weight, c.rms_norm_eps, ada_scales[i],
+                                            mlp._gate_up)
+            res = one_row.linear_residual(act, mlp.down_proj.weight, res)
+        return res
+
 
 class VoxtralRealtime(nn.Module):
     """Encoder + adapter + LM. Methods are the steps the sessions and the engine compose."""
@@ -394,6 +440,21 @@ class VoxtralRealtime(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return linear(hidden, self.head_weight())
+
+    def supports_one_row_decode(self) -> bool:
+        """Whether `one_row_logits` applies: the LM has no biases (true of this architecture) and its
+        projections are fused (`prepare_for_inference`)."""
+        layer = self.language_model.layers[0]
+        return layer.self_attn._qkv is not None and layer.self_attn._qkv[1] is None and layer.mlp._gate_up is not None
+
+    def one_row_logits(self, inputs_embeds: torch.Tensor, position: torch.Tensor, ada_scales: torch.Tensor,
+                       backend: SupportsFusedKVWrite) -> torch.Tensor:
+        """`logits(decode(...))` of ONE row [H] at `position` [1] through the fused one-row kernels:
+        logits [V]. ada_scales: [L, H], the row's delay scales (`ada_table[:, delay]`). On the CPU
+        (references) equal to the unfused path bit for bit; on the GPU to the dtype's rounding."""
+        lm = self.language_model
+        res = lm.forward_one_row(inputs_embeds, position, ada_scales, backend)
+        return one_row.norm_linear(res, lm.norm.weight, lm.norm.eps, self.head_weight())
 
     # -- whole-sequence forward (training, teacher forcing, parity checks) ---------------------
     def forward(self, input_ids: torch.Tensor, mel: torch.Tensor, delay_tokens: torch.Tensor) -> torch.Tensor:

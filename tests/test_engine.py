@@ -113,6 +113,67 @@ def test_sixteen_streams_on_gpu(tiny_ckpt, small_windows, cuda_graphs, encoder_s
                                           encoder_stream=encoder_stream))
 
 
+@pytest.mark.parametrize("small_windows", [False, True])
+def test_one_row_decode_path_equals_the_session(tiny_ckpt, small_windows, monkeypatch):
+    """Steps of one stream through the fused one-row LM path (`kernels.one_row`; on the CPU their
+    references) give the single-stream session's tokens exactly, for streams joining and leaving, with
+    windows exceeded many times; the path must really run (its calls are counted)."""
+    from realtime.model import VoxtralRealtime
+
+    calls = {"n": 0}
+    one_row_logits = VoxtralRealtime.one_row_logits
+
+    def counted(self, *a, **k):
+        calls["n"] += 1
+        return one_row_logits(self, *a, **k)
+
+    monkeypatch.setattr(VoxtralRealtime, "one_row_logits", counted)
+    path = tiny_ckpt(seed=1, small_windows=small_windows)
+    model, _ = load_model(path)
+    opts = RunnerOptions(max_streams=3, max_batch=1, block_size=4, one_row_decode=True)
+    run_join_leave_scenario(model, load_tokenizer(path), opts, n=5, seed=3)
+    assert calls["n"] > 100
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_one_row_decode_on_gpu_equals_the_session(tiny_ckpt, cuda_graphs):
+    """The one-row path's Triton kernels in fp32 (the engine picks them for bf16/fp16 by itself; fp32
+    makes exact tokens a fair demand): the session's tokens, graphs on and off, small windows."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path = tiny_ckpt(seed=1, small_windows=True)
+    model, _ = load_model(path, device="cuda")
+    run_join_leave_scenario(model, load_tokenizer(path),
+                            RunnerOptions(max_streams=3, max_batch=1, block_size=16, cuda_graphs=cuda_graphs,
+                                          one_row_decode=True), n=5, seed=3)
+
+
+@pytest.mark.gpu
+def test_one_row_decode_in_bf16_graphs_equal_eager(tiny_ckpt):
+    """bf16, where the engine takes the one-row path by itself at batch 1: replayed graphs give the
+    eager path's tokens (the same kernels), and the path was the one-row one."""
+    import torch
+
+    path = tiny_ckpt(seed=1)
+    model, _ = load_model(path, device="cuda", dtype=torch.bfloat16)
+    tok = load_tokenizer(path)
+    clips = [synthetic_audio(3.0, seed=40 + i) for i in range(2)]
+    tokens = {}
+    for graphs in (True, False):
+        eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=2, max_batch=1, cuda_graphs=graphs))
+        assert eng.runner.one_row_decode
+        rec = Recorder()
+        sids = [eng.open_stream(rec) for _ in clips]
+        for sid, clip in zip(sids, clips):
+            eng.push_audio(sid, clip)
+            eng.finish_stream(sid)
+        drive(eng)
+        tokens[graphs] = [rec.tokens(sid) for sid in sids]
+    assert tokens[True] == tokens[False] and all(len(t) > 20 for t in tokens[True])
+
+
 def test_admission_refusal_and_release(tiny_ckpt):
     path = tiny_ckpt(seed=0)
     model, _ = load_model(path)

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 import torch
 
 from kernels.paged_attention import RunsPlan, paged_attention, write_kv
@@ -15,6 +17,9 @@ from .kv_cache import PagedKVCache
 
 
 class PagedAttention:
+    # the one-row decode's q/k/v projection writes the keys and values itself (`realtime.model.SupportsFusedKVWrite`)
+    supports_fused_kv_write: ClassVar[Literal[True]] = True
+
     def __init__(self, cache: PagedKVCache, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                  seq_ids: torch.Tensor, q_pos: torch.Tensor, tokens_per_run: int = 1,
                  tree_root: torch.Tensor | None = None, tree_slots: torch.Tensor | None = None) -> None:
@@ -33,6 +38,12 @@ class PagedAttention:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # [1, T, H, D]: the batch is flattened into one row of tokens
         write_kv(self.cache.k[layer], self.cache.v[layer], k[0], v[0], self.slot_mapping)
+        return self.attend_cached(layer, q)
+
+    def kv_destination(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.cache.k[layer], self.cache.v[layer], self.slot_mapping
+
+    def attend_cached(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         out = paged_attention(q[0], self.cache.k[layer], self.cache.v[layer], self.block_tables, self.seq_ids,
                               self.q_pos, self.window, self.scale, tokens_per_run=self.tokens_per_run,
                               tree_root=self.tree_root, tree_slots=self.tree_slots, plan=self.plan)

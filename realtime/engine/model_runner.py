@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,6 +53,10 @@ class RunnerOptions:
     # small batches, and side by side they hide part of each other's fixed per-kernel costs. Outputs
     # are the same as with one stream (the same kernels on the same inputs)
     encoder_stream: bool = True
+    # steps of ONE stream run the LM through the fused one-row kernels (`kernels.one_row`: 6 kernels a layer
+    # instead of 11). None: on CUDA in fp16/bf16 unless STREAMSCRIBE_ONE_ROW=0; True forces it (on the CPU
+    # the references run, equal to the unfused path bit for bit); False: never
+    one_row_decode: bool | None = None
 
 
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
@@ -137,6 +142,7 @@ class ModelRunner:
         self._enc_done = torch.cuda.Event() if self.enc_stream is not None else None
         self._enc_pending = False  # an ahead encoder call the main stream has not waited for yet
         self._enc_waits_main = False  # main-stream writes (admission) the encoder stream must wait for
+        self.one_row_decode = self._wants_one_row_decode()
         self.seq_ids = torch.arange(b, dtype=i32, device=dev)
         self.next_ids = torch.zeros(b, dtype=i64, device=dev)
         # the encoder step (one audio token per stream; several when speculation looks ahead)
@@ -150,6 +156,15 @@ class ModelRunner:
             # time than a graph replay, and the LM graphs stay captured on dummy input buffers
             self.input_graphs = DecodeGraphRunner(self._merge_inputs, opts.max_batch, dev)
             self.input_graphs.capture()
+
+    def _wants_one_row_decode(self) -> bool:
+        model, choice = self.model, self.opts.one_row_decode
+        if choice is False or not model.supports_one_row_decode() or getattr(model, "ada_table", None) is None:
+            return False
+        if choice is None:
+            return (self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
+                    and os.environ.get("STREAMSCRIBE_ONE_ROW", "1") != "0")
+        return True
 
     # -- admission -----------------------------------------------------------------------------
     def can_admit(self) -> bool:
@@ -243,6 +258,11 @@ class ModelRunner:
         backend = PagedAttention(self.lm_cache, m["slot_mapping"][:b], m["block_tables"][:b], self.seq_ids[:b],
                                  m["positions"][:b])
         ada = self.model.ada_scales_for(m["delays"][:b])
+        if b == 1 and self.one_row_decode and ada is not None:
+            logits = self.model.one_row_logits(self.inputs_embeds[0], m["positions"][:1], ada.reshape(ada.shape[0], -1),
+                                               backend)
+            self.next_ids[:1] = logits.argmax(-1)
+            return
         t_cond = None if ada is not None else self.model.t_cond(m["delays"][:b])[None]
         hidden = self.model.decode(self.inputs_embeds[None, :b], m["positions"][None, :b], t_cond, backend, ada)
         self.next_ids[:b] = self.model.logits(hidden[0]).argmax(-1)

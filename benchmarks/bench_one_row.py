@@ -1,0 +1,184 @@
+"""Issue 3's B1: tune the fused one-row kernels (`kernels.one_row`) and time an LM layer's kernels both ways.
+
+    python benchmarks/bench_one_row.py [--layers 26] [--out FILE.json]
+
+At batch 1 the LM step is a chain of dependent kernels; `kernels.one_row` folds a layer's 11 into 6.
+This script, on the full-size LM's shapes (bf16, PDL on, fresh weights per layer so that nothing is
+served from L2, each chain replayed from one CUDA graph):
+
+1. times each fused operation (qkv + RoPE + KV write, o + residual, gate/up + SiLU·mul, down +
+   residual, final norm + head) for every configuration in GRID, after checking each configuration's
+   result against the reference (bf16 tolerance);
+2. times a whole layer's projections and element-wise kernels (attention left out: it is the same in
+   both) as the engine ran them before (`unfused`: norm, qkv, RoPE, KV write, o, norm, gate/up,
+   SiLU·mul, down) and fused with the best configurations;
+3. prints `BEST_CONFIGS {json}` (the value for STREAMSCRIBE_ONE_ROW_CONFIGS) as its last line.
+The floor of each row is its weight bytes over the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+log = logging.getLogger("bench_one_row")
+
+H, HQ, HKV, D, INTER, VOCAB = 3072, 32, 8, 128, 9216, 131072  # the full-size LM
+GRID = [(bn, bk, w) for bn in (4, 8, 16, 32) for bk in (256, 512) for w in (2, 4, 8)] + \
+    [(8, 1024, 4), (8, 1024, 8), (16, 1024, 8)]
+
+
+class Layer:
+    def __init__(self, dev: torch.device, g: torch.Generator) -> None:
+        def w(n: int, k: int) -> torch.Tensor:
+            return (torch.randn(n, k, generator=g) / k ** 0.5).to(dev, torch.bfloat16)
+
+        def near_one(n: int) -> torch.Tensor:
+            return (1 + 0.1 * torch.randn(n, generator=g)).to(dev, torch.bfloat16)
+
+        self.qkv, self.o = w((HQ + 2 * HKV) * D, H), w(H, HQ * D)
+        self.gate_up, self.down = w(2 * INTER, H), w(H, INTER)
+        self.nw1, self.nw2, self.scale = near_one(H), near_one(H), near_one(H)
+
+
+class Inputs:
+    """The activations every chain reads (random, not zeros), and a small paged cache for the KV writes."""
+
+    def __init__(self, dev: torch.device, g: torch.Generator) -> None:
+        def rnd(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=g).to(dev, torch.bfloat16)
+
+        self.res, self.attn, self.act = rnd(H), rnd(HQ * D), rnd(INTER)
+        ang = torch.randn(D // 2, generator=g)
+        self.cos = torch.cat([ang.cos(), ang.cos()]).to(dev, torch.bfloat16)
+        self.sin = torch.cat([ang.sin(), ang.sin()]).to(dev, torch.bfloat16)
+        self.kc = torch.zeros(8, 16, HKV, D, device=dev, dtype=torch.bfloat16)
+        self.vc = torch.zeros_like(self.kc)
+        self.slot = torch.tensor([37], device=dev)
+
+
+def op_calls(op: str, layers: list[Layer], heads: list[torch.Tensor], x: Inputs, backend: str = "auto") -> list:
+    """One call per layer (head: per copy) of the fused operation `op`."""
+    from kernels import one_row
+
+    if op == "qkv":
+        return [lambda L=L: one_row.norm_qkv_rope_kv(x.res, L.nw1, 1e-5, L.qkv, x.cos, x.sin, x.kc, x.vc, x.slot, HQ,
+                                                     HKV, backend=backend) for L in layers]
+    if op == "o":
+        return [lambda L=L: one_row.linear_residual(x.attn, L.o, x.res, backend=backend) for L in layers]
+    if op == "gate_up":
+        return [lambda L=L: one_row.norm_gate_up_silu(x.res, L.nw2, 1e-5, L.scale, L.gate_up, backend=backend)
+                for L in layers]
+    if op == "down":
+        return [lambda L=L: one_row.linear_residual(x.act, L.down, x.res, backend=backend) for L in layers]
+    if op == "head":
+        return [lambda w=w: one_row.norm_linear(x.res, layers[0].nw1, 1e-5, w, backend=backend) for w in heads]
+    raise ValueError(op)
+
+
+CONFIG_KEY = {"qkv": "qkv", "o": "residual", "gate_up": "gate_up", "down": "residual", "head": "head"}
+
+
+def unfused_layer(L: Layer, x: Inputs) -> None:
+    """A layer's kernels as the engine ran them before `one_row` (attention left out)."""
+    from kernels.fused_ops import add_rms_norm, rope, silu_mul
+    from kernels.linear import linear
+    from kernels.paged_attention import write_kv
+
+    h, res = add_rms_norm(x.res[None, None], x.act[None, None, :H], L.nw1, 1e-5)
+    q, k, v = linear(h, L.qkv).split([HQ * D, HKV * D, HKV * D], dim=-1)
+    q, k = rope(q.reshape(1, 1, HQ, D), k.reshape(1, 1, HKV, D), x.cos[None, None], x.sin[None, None])
+    write_kv(x.kc, x.vc, k[0], v.reshape(1, HKV, D), x.slot)
+    o = linear(x.attn[None, None], L.o)
+    h2, res = add_rms_norm(o, res, L.nw2, 1e-5, L.scale)
+    linear(silu_mul(linear(h2, L.gate_up)), L.down)
+
+
+def fused_layer(L: Layer, x: Inputs) -> None:
+    from kernels import one_row
+
+    one_row.norm_qkv_rope_kv(x.res, L.nw1, 1e-5, L.qkv, x.cos, x.sin, x.kc, x.vc, x.slot, HQ, HKV)
+    res = one_row.linear_residual(x.attn, L.o, x.res)
+    one_row.linear_residual(one_row.norm_gate_up_silu(res, L.nw2, 1e-5, L.scale, L.gate_up), L.down, res)
+
+
+def op_bytes(op: str, layers: list[Layer], heads: list[torch.Tensor]) -> int:
+    if op == "head":
+        return sum(w.numel() * 2 for w in heads)
+    return sum(getattr(L, {"qkv": "qkv", "o": "o", "gate_up": "gate_up", "down": "down"}[op]).numel() * 2 for L in layers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=26)
+    ap.add_argument("--head-copies", type=int, default=4)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    from bench_kernels import copy_bandwidth
+    from bench_skinny_gemm import cuda_for_experiment, finish_experiment, graph_us_per_call
+
+    from kernels import one_row
+
+    dev = cuda_for_experiment(log)
+    if dev is None:
+        return 2
+    g = torch.Generator().manual_seed(0)
+    layers = [Layer(dev, g) for _ in range(args.layers)]
+    heads = [(torch.randn(VOCAB, H, generator=g) / H ** 0.5).to(dev, torch.bfloat16) for _ in range(args.head_copies)]
+    x = Inputs(dev, g)
+    bw = copy_bandwidth(dev)
+    result: dict = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bw / 1e9, "layers": args.layers,
+                    "ops": {}}
+    failed = 0
+    timings: dict[str, dict[tuple[int, int, int], float]] = {}
+    for op in ("qkv", "o", "gate_up", "down", "head"):
+        key = CONFIG_KEY[op]
+        want = op_calls(op, layers[:1], heads[:1], x, backend="torch")[0]().float()
+        floor_us = op_bytes(op, layers, heads) / bw * 1e6 / len(op_calls(op, layers, heads, x))
+        timed = timings[op] = {}
+        for config in GRID:
+            os.environ["STREAMSCRIBE_ONE_ROW_CONFIGS"] = json.dumps({key: config})
+            got = op_calls(op, layers[:1], heads[:1], x)[0]().float()
+            err = ((got - want).abs().max() / want.abs().max()).item()
+            if not err <= 0.02:
+                log.error("%s config %s: relative error %.3g", op, config, err)
+                failed += 1
+                continue
+            timed[config] = graph_us_per_call(op_calls(op, layers, heads, x))
+        os.environ.pop("STREAMSCRIBE_ONE_ROW_CONFIGS")
+        top = min(timed, key=timed.get)
+        result["ops"][op] = {"floor_us": floor_us, "us": {str(c): t for c, t in timed.items()}, "best": top,
+                             "best_us": timed[top]}
+        log.info("%-8s floor %6.1f us, best %6.1f us %s; default %s: %.1f us", op, floor_us, timed[top], top,
+                 one_row.CONFIGS[key], timed.get(one_row.CONFIGS[key], float("nan")))
+    best = {CONFIG_KEY[op]: min(timings[op], key=timings[op].get) for op in ("qkv", "gate_up", "head")}
+    # one configuration serves both residual projections (o and down): the best of their sum
+    both = {c: timings["o"][c] + timings["down"][c] for c in timings["o"] if c in timings["down"]}
+    best["residual"] = min(both, key=both.get)
+    os.environ["STREAMSCRIBE_ONE_ROW_CONFIGS"] = json.dumps(best)
+    layer_bytes = sum(t.numel() * 2 for t in (layers[0].qkv, layers[0].o, layers[0].gate_up, layers[0].down))
+    result["layer"] = {
+        "floor_us": layer_bytes / bw * 1e6,
+        "unfused_us": graph_us_per_call([lambda L=L: unfused_layer(L, x) for L in layers]),
+        "fused_us": graph_us_per_call([lambda L=L: fused_layer(L, x) for L in layers]),
+        "configs": best,
+    }
+    log.info("layer (no attention): floor %.1f us, unfused %.1f us, fused %.1f us", result["layer"]["floor_us"],
+             result["layer"]["unfused_us"], result["layer"]["fused_us"])
+    code = finish_experiment(result, args.out, failed)
+    print("BEST_CONFIGS " + json.dumps(best))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Triton kernel of `one_row` (semantics and rounding order: one_row.py).
+
+One kernel, specialised by constexpr switches, computes y = W @ a for ONE activation row a:
+
+- prologue (NORM): a = nw * rms_norm(h) [* scale], rounded as `fused_ops.add_rms_norm` rounds; the
+  row's statistic comes from a first pass over h (a few KB, served from L2), so each program needs
+  no other program's result;
+- PAIRED programs own two sets of weight rows, `r` and `r + HALF` inside groups of 2*HALF rows:
+  gate and up rows of one SwiGLU unit (one group, HALF = intermediate size), or the two rotated
+  halves of one attention head (groups = heads, HALF = head_dim / 2);
+- epilogue: store y; store y + residual (the residual stream); silu(gate) * up; or RoPE on the q
+  and k heads with the k and v heads written straight into their paged-cache slot.
+
+The K loop keeps the products in a [BLOCK_N, BLOCK_K] fp32 accumulator and reduces it once, after
+the loop, and requests the next weight tile before it uses the current one. The first tile is
+requested before the programmatic-dependent-launch wait: weights never depend on the kernel before.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._dispatch import pdl_launch_args
+from ._pdl_triton import pdl_prologue
+
+EPI_STORE, EPI_RESIDUAL, EPI_SILU_MUL, EPI_ROPE_KV = 0, 1, 2, 3
+
+
+@triton.jit
+def _activation(h_ptr, nw_ptr, s_ptr, kk, K, rstd, NORM: tl.constexpr, HAS_SCALE: tl.constexpr):
+    mk = kk < K
+    h = tl.load(h_ptr + kk, mask=mk, other=0.0)
+    if NORM:
+        dt = h.dtype
+        a = (h.to(tl.float32) * rstd).to(dt)
+        a = (tl.load(nw_ptr + kk, mask=mk, other=0.0).to(tl.float32) * a.to(tl.float32)).to(dt)
+        if HAS_SCALE:
+            a = (a.to(tl.float32) * tl.load(s_ptr + kk, mask=mk, other=0.0).to(tl.float32)).to(dt)
+        return a
+    return h
+
+
+@triton.jit
+def one_row_kernel(h_ptr, w_ptr, nw_ptr, s_ptr, out_ptr, res_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr,
+                   N, K, stride_w, eps,
+                   stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+                   HALF: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, CACHE_BLOCK: tl.constexpr,
+                   NORM: tl.constexpr, HAS_SCALE: tl.constexpr, PAIRED: tl.constexpr, EPILOGUE: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_GDC: tl.constexpr):
+    pid = tl.program_id(0)
+    j = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output features (PAIRED: pairs of rows)
+    rk = tl.arange(0, BLOCK_K)
+    if PAIRED:  # HALF % BLOCK_N == 0: a program stays inside one group
+        group = (pid * BLOCK_N) // HALF
+        i = j - group * HALF
+        rows1 = group * (2 * HALF) + i
+        n_in = j < N
+    else:
+        group = 0
+        i = j
+        rows1 = j
+        n_in = j < N
+    w1_rows = w_ptr + rows1.to(tl.int64)[:, None] * stride_w
+    w1 = tl.load(w1_rows + rk[None, :], mask=n_in[:, None] & (rk[None, :] < K), other=0.0)
+    if PAIRED:
+        w2_rows = w1_rows + HALF * stride_w
+        w2 = tl.load(w2_rows + rk[None, :], mask=n_in[:, None] & (rk[None, :] < K), other=0.0)
+    pdl_prologue(USE_GDC)  # everything below may read what the previous kernel wrote
+
+    rstd = 0.0
+    if NORM:
+        ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            hf = tl.load(h_ptr + k0 + rk, mask=k0 + rk < K, other=0.0).to(tl.float32)
+            ss += hf * hf
+        rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+
+    acc1 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if PAIRED:
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kn = k0 + BLOCK_K + rk  # the next tile, requested before this one is used
+        next_mask = n_in[:, None] & (kn[None, :] < K)
+        w1_next = tl.load(w1_rows + kn[None, :], mask=next_mask, other=0.0)
+        if PAIRED:
+            w2_next = tl.load(w2_rows + kn[None, :], mask=next_mask, other=0.0)
+        a = _activation(h_ptr, nw_ptr, s_ptr, k0 + rk, K, rstd, NORM, HAS_SCALE).to(tl.float32)[None, :]
+        acc1 += w1.to(tl.float32) * a
+        w1 = w1_next
+        if PAIRED:
+            acc2 += w2.to(tl.float32) * a
+            w2 = w2_next
+
+    dt = out_ptr.dtype.element_ty
+    y1 = tl.sum(acc1, axis=1).to(dt)  # rounded to the model dtype, as a projection's output is
+    if EPILOGUE == 0:
+        tl.store(out_ptr + j, y1, mask=n_in)
+    elif EPILOGUE == 1:
+        r = tl.load(res_ptr + j, mask=n_in, other=0.0)
+        tl.store(out_ptr + j, (y1.to(tl.float32) + r.to(tl.float32)).to(dt), mask=n_in)
+    elif EPILOGUE == 2:
+        g = y1.to(tl.float32)
+        u = tl.sum(acc2, axis=1).to(dt).to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(dt)  # silu(gate) rounded before the product, as eager does
+        tl.store(out_ptr + j, (act.to(tl.float32) * u).to(dt), mask=n_in)
+    else:  # RoPE / KV: group = head among [q heads; k heads; v heads], i = index in its first half
+        x1 = y1.to(tl.float32)
+        x2 = tl.sum(acc2, axis=1).to(dt).to(tl.float32)
+        if group < HQ + HKV:
+            c1 = tl.load(cos_ptr + i).to(tl.float32)
+            c2 = tl.load(cos_ptr + HALF + i).to(tl.float32)
+            s1 = tl.load(sin_ptr + i).to(tl.float32)
+            s2 = tl.load(sin_ptr + HALF + i).to(tl.float32)
+            # eager rounds (x * cos) and (rotate_half(x) * sin) to the dtype before their sum
+            o1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
+            o2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
+        else:
+            o1 = x1.to(dt)
+            o2 = x2.to(dt)
+        if group < HQ:
+            q_base = out_ptr + group * (2 * HALF)
+            tl.store(q_base + i, o1, mask=n_in)
+            tl.store(q_base + HALF + i, o2, mask=n_in)
+        else:
+            slot = tl.load(slot_ptr).to(tl.int64)
+            blk = slot // CACHE_BLOCK
+            off = slot % CACHE_BLOCK
+            keep = n_in & (slot >= 0)  # a padding row writes nothing
+            if group < HQ + HKV:
+                base = kc_ptr + blk * stride_kcb + off * stride_kcs + (group - HQ) * stride_kch
+            else:
+                base = vc_ptr + blk * stride_vcb + off * stride_vcs + (group - HQ - HKV) * stride_vch
+            tl.store(base + i, o1.to(kc_ptr.dtype.element_ty), mask=keep)
+            tl.store(base + HALF + i, o2.to(kc_ptr.dtype.element_ty), mask=keep)
+
+
+def launch(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, epilogue: int, config: tuple[int, int, int],
+           norm_weight: torch.Tensor | None = None, eps: float = 0.0, scale: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None, half: int = 1, cos: torch.Tensor | None = None,
+           sin: torch.Tensor | None = None, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+           slot: torch.Tensor | None = None, heads: tuple[int, int] = (0, 0)) -> None:
+    """One launch; `out` gets the epilogue's result. Shapes are checked by the callers in one_row.py."""
+    k = h.shape[0]
+    paired = epilogue in (EPI_SILU_MUL, EPI_ROPE_KV)
+    n = w.shape[0] // 2 if paired else w.shape[0]  # outputs (pairs of rows when paired)
+    block_n, block_k, warps = config
+    dummy = h
+    kc = k_cache if k_cache is not None else h.new_empty(1, 1, 1, 1)
+    vc = v_cache if v_cache is not None else kc
+    one_row_kernel[(triton.cdiv(n, block_n),)](
+        h, w, norm_weight if norm_weight is not None else dummy, scale if scale is not None else dummy, out,
+        residual if residual is not None else dummy, cos if cos is not None else dummy,
+        sin if sin is not None else dummy, kc, vc, slot if slot is not None else dummy,
+        n, k, w.stride(0), float(eps),
+        kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
+        HALF=half, HQ=heads[0], HKV=heads[1], CACHE_BLOCK=kc.shape[1],
+        NORM=norm_weight is not None, HAS_SCALE=scale is not None, PAIRED=paired, EPILOGUE=epilogue,
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl_launch_args(h.device))
