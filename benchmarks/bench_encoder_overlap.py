@@ -17,7 +17,7 @@ run, on the same model and batch:
 while a variant's runners capture and replay their graphs): `cublas` (F.linear, no programmatic
 dependent launch: the code before the twenty-third session), `pdl` (PDL on the Triton kernels only),
 `skinny` (few-row Triton projections, no PDL), `skinny_pdl` (both: the twenty-third session's default),
-`one_row` (and the fused one-row LM kernels of `kernels.one_row` at batch 1: the default).
+`one_row` (and the fused one-row LM kernels of `kernels.one_row` at batch 1; opt-in, STREAMSCRIBE_ONE_ROW=1).
 
 Drives `ModelRunner` directly (graphs on) through `bench_engine.SyntheticStreams`, at a session age of
 one minute. DIR without a checkpoint gets the full-size random one (`gpu_model_parity.build_checkpoint`).

@@ -14,6 +14,11 @@ served from L2, each chain replayed from one CUDA graph):
    SiLU·mul, down) and fused with the best configurations;
 3. prints `BEST_CONFIGS {json}` (the value for STREAMSCRIBE_ONE_ROW_CONFIGS) as its last line.
 The floor of each row is its weight bytes over the copy bandwidth measured in the same run.
+
+    python benchmarks/bench_one_row.py --resources [--out FILE.json]
+
+needs no GPU: it compiles every configuration for sm_90 with Triton's bundled ptxas and reports registers,
+spill stack and the SASS loads (16-byte loads, cp.async) of each.
 """
 
 from __future__ import annotations
@@ -34,8 +39,59 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 log = logging.getLogger("bench_one_row")
 
 H, HQ, HKV, D, INTER, VOCAB = 3072, 32, 8, 128, 9216, 131072  # the full-size LM
-GRID = [(bn, bk, w) for bn in (4, 8, 16, 32) for bk in (256, 512) for w in (2, 4, 8)] + \
-    [(8, 1024, 4), (8, 1024, 8), (16, 1024, 8)]
+# (BLOCK_N, BLOCK_K, warps, pipeline stages); configurations the sm_90 compiler spills are skipped
+GRID = [(bn, bk, w, st) for bn, bk, w in ((4, 256, 2), (8, 256, 4), (16, 256, 4), (16, 256, 8), (8, 512, 4), (32, 256, 8))
+        for st in (1, 2, 3, 4)]
+# what each operation launches (one_row_kernel's constexprs) at the full-size shapes: (epilogue, K, HALF)
+OP_KERNEL = {"qkv": (3, H, D // 2), "o": (1, HQ * D, 1), "gate_up": (2, H, INTER), "down": (1, INTER, 1),
+             "head": (0, H, 1)}
+
+
+def resources(op: str, config: tuple[int, int, int, int]) -> dict:
+    """Compile `op`'s kernel for sm_90 without a GPU (Triton's bundled ptxas) and read its resource usage
+    (registers, stack = spill space) and the loads its SASS holds (cuobjdump, also bundled)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels._one_row_triton import EPI_ROPE_KV, EPI_SILU_MUL, one_row_kernel
+
+    epilogue, k, half = OP_KERNEL[op]
+    bn, bk, warps, stages = config
+    if epilogue in (EPI_ROPE_KV, EPI_SILU_MUL):
+        while half % bn:
+            bn //= 2
+    names = one_row_kernel.arg_names
+    ints = {"N", "K", "stride_w", "stride_kcb", "stride_kcs", "stride_kch", "stride_vcb", "stride_vcs", "stride_vch"}
+    sig = {n: "*i64" if n == "slot_ptr" else "*bf16" if n.endswith("_ptr") else "fp32" if n == "eps" else
+           "i32" if n in ints else "constexpr" for n in names}
+    norm = op in ("qkv", "gate_up", "head")
+    const = {"HALF": half, "HQ": HQ, "HKV": HKV, "CACHE_BLOCK": 16, "NORM": norm, "HAS_SCALE": op == "gate_up",
+             "PAIRED": epilogue in (EPI_ROPE_KV, EPI_SILU_MUL), "EPILOGUE": epilogue, "BLOCK_N": bn, "BLOCK_K": bk,
+             "K_POW2": triton.next_power_of_2(k), "STAGES": stages, "USE_GDC": True}
+    aligned = [n for n in names if n.endswith("_ptr") or n in ("K", "stride_w")]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    compiled = triton.compile(ASTSource(one_row_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    if m is None:
+        raise RuntimeError(f"no resource usage for {op} {config}: {usage[-300:]}")
+    return {"registers": int(m.group(1)), "stack_bytes": int(m.group(2)), "ldg_128": sass.count("LDG.E.128"),
+            "cp_async": sass.count("LDGSTS"), "local_loads_stores": len(re.findall(r"\b(?:LDL|STL)\b", sass))}
+
+
+def resource_table() -> dict[str, dict[str, dict]]:
+    return {op: {str(c): resources(op, c) for c in GRID} for op in OP_KERNEL}
 
 
 class Layer:
@@ -123,7 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=26)
     ap.add_argument("--head-copies", type=int, default=4)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--resources", action="store_true",
+                    help="only the sm_90 compiler's resource report of every configuration (no GPU needed)")
     args = ap.parse_args(argv)
+    if args.resources:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        table = resource_table()
+        for op, rows in table.items():
+            for config, r in rows.items():
+                log.info("%-8s %-16s regs %3d stack %3d B  LDG.128 %2d  cp.async %2d", op, config, r["registers"],
+                         r["stack_bytes"], r["ldg_128"], r["cp_async"])
+        if args.out:
+            Path(args.out).write_text(json.dumps(table, indent=1))
+        return 0
     from bench_kernels import copy_bandwidth
     from bench_skinny_gemm import cuda_for_experiment, finish_experiment, graph_us_per_call
 

@@ -11,6 +11,9 @@ macOS) the torch references still work.
   verify) over paged key/value caches addressed through per-sequence ring block tables.
 - `fused_ops`: residual add + RMS norm (+ delay scale), RoPE for q and k, SiLU·mul.
 - `linear`: projections of 1-16 rows in one launch (batch 1's step), `F.linear` otherwise.
+- `one_row`: an LM layer's projections for ONE row with their neighbours folded in (norm + qkv + RoPE +
+  KV write, o + residual, norm + gate/up + SiLU·mul, down + residual, final norm + head): 6 kernels a
+  layer instead of 11 (the engine's opt-in one-row decode, STREAMSCRIBE_ONE_ROW=1).
 
 The dispatching functions take `backend="auto" | "triton" | "torch"`: "auto" runs Triton on CUDA
 tensors and the reference elsewhere; "triton" on CPU tensors works only under the Triton interpreter
@@ -19,7 +22,8 @@ tensors and the reference elsewhere; "triton" on CPU tensors works only under th
 On sm_90+ every Triton kernel launches with programmatic dependent launch (`_dispatch.pdl_enabled`):
 it may start while the previous kernel runs and waits for its results before reading them. Switches
 for A/B runs (read at launch, so at graph capture): STREAMSCRIBE_PDL=0 (no PDL),
-STREAMSCRIBE_SKINNY_ROWS=N (the Triton projection for at most N rows; 0: always `F.linear`).
+STREAMSCRIBE_SKINNY_ROWS=N (the Triton projection for at most N rows; 0: always `F.linear`),
+STREAMSCRIBE_ONE_ROW_CONFIGS (launch configurations of `one_row`).
 """
 
 from ._dispatch import HAVE_TRITON

@@ -12,8 +12,10 @@ One kernel, specialised by constexpr switches, computes y = W @ a for ONE activa
   and k heads with the k and v heads written straight into their paged-cache slot.
 
 The K loop keeps the products in a [BLOCK_N, BLOCK_K] fp32 accumulator and reduces it once, after
-the loop, and requests the next weight tile before it uses the current one. The first tile is
-requested before the programmatic-dependent-launch wait: weights never depend on the kernel before.
+the loop; the activation tiles are loaded in the weight tile's layout (no shared-memory reshuffle per
+step). The first weight tile is requested before the programmatic-dependent-launch wait (weights never
+depend on the kernel before); the others go through Triton's software pipeline (`STAGES`: cp.async
+into shared memory, STAGES - 1 tiles in flight; 1: plain loads).
 """
 
 from __future__ import annotations
@@ -29,17 +31,24 @@ EPI_STORE, EPI_RESIDUAL, EPI_SILU_MUL, EPI_ROPE_KV = 0, 1, 2, 3
 
 
 @triton.jit
-def _activation(h_ptr, nw_ptr, s_ptr, kk, K, rstd, NORM: tl.constexpr, HAS_SCALE: tl.constexpr):
-    mk = kk < K
-    h = tl.load(h_ptr + kk, mask=mk, other=0.0)
+def _tile(ptr, kk, K):
+    """A [BLOCK_N, BLOCK_K] tile of a row vector (every row the same columns `kk`): loaded in the weight
+    tile's own layout, so each thread reads its columns straight from L1/L2 instead of the row being
+    redistributed through shared memory (two barriers per K step) before the product."""
+    return tl.load(ptr + kk, mask=kk < K, other=0.0)
+
+
+@triton.jit
+def _activation(h, nw, s, rstd, NORM: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """nw * rms_norm(h) [* scale] rounded as `fused_ops.add_rms_norm` rounds (NORM), else h; in fp32."""
     if NORM:
         dt = h.dtype
         a = (h.to(tl.float32) * rstd).to(dt)
-        a = (tl.load(nw_ptr + kk, mask=mk, other=0.0).to(tl.float32) * a.to(tl.float32)).to(dt)
+        a = (nw.to(tl.float32) * a.to(tl.float32)).to(dt)
         if HAS_SCALE:
-            a = (a.to(tl.float32) * tl.load(s_ptr + kk, mask=mk, other=0.0).to(tl.float32)).to(dt)
-        return a
-    return h
+            a = (a.to(tl.float32) * s.to(tl.float32)).to(dt)
+        return a.to(tl.float32)
+    return h.to(tl.float32)
 
 
 @triton.jit
@@ -48,50 +57,54 @@ def one_row_kernel(h_ptr, w_ptr, nw_ptr, s_ptr, out_ptr, res_ptr, cos_ptr, sin_p
                    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
                    HALF: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, CACHE_BLOCK: tl.constexpr,
                    NORM: tl.constexpr, HAS_SCALE: tl.constexpr, PAIRED: tl.constexpr, EPILOGUE: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_GDC: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_POW2: tl.constexpr, STAGES: tl.constexpr,
+                   USE_GDC: tl.constexpr):
     pid = tl.program_id(0)
     j = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output features (PAIRED: pairs of rows)
     rk = tl.arange(0, BLOCK_K)
+    rk2 = rk[None, :] + tl.zeros((BLOCK_N, 1), dtype=tl.int32)  # [BLOCK_N, BLOCK_K]: the columns, on every row
+    n_in = j < N
     if PAIRED:  # HALF % BLOCK_N == 0: a program stays inside one group
         group = (pid * BLOCK_N) // HALF
         i = j - group * HALF
         rows1 = group * (2 * HALF) + i
-        n_in = j < N
     else:
         group = 0
         i = j
         rows1 = j
-        n_in = j < N
     w1_rows = w_ptr + rows1.to(tl.int64)[:, None] * stride_w
-    w1 = tl.load(w1_rows + rk[None, :], mask=n_in[:, None] & (rk[None, :] < K), other=0.0)
+    w_mask = n_in[:, None] & (rk[None, :] < K)
+    # the weights and the norm weight never depend on the kernel before: requested before the wait (the delay
+    # scale may be a step's own result, so it is read after it)
+    w1 = tl.load(w1_rows + rk[None, :], mask=w_mask, other=0.0)
     if PAIRED:
         w2_rows = w1_rows + HALF * stride_w
-        w2 = tl.load(w2_rows + rk[None, :], mask=n_in[:, None] & (rk[None, :] < K), other=0.0)
+        w2 = tl.load(w2_rows + rk[None, :], mask=w_mask, other=0.0)
+    nw = tl.load(nw_ptr + rk2, mask=rk2 < K, other=0.0) if NORM else 0.0
     pdl_prologue(USE_GDC)  # everything below may read what the previous kernel wrote
+    s = _tile(s_ptr, rk2, K) if HAS_SCALE else 0.0
 
     rstd = 0.0
-    if NORM:
-        ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            hf = tl.load(h_ptr + k0 + rk, mask=k0 + rk < K, other=0.0).to(tl.float32)
-            ss += hf * hf
-        rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
-
-    acc1 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if NORM:  # the row's statistic: the whole row in one load (a few KB from L2), one reduction
+        row = tl.arange(0, K_POW2)
+        hf = tl.load(h_ptr + row, mask=row < K, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / K + eps)
+    # the first K tile, whose weights were requested before the wait
+    a = _activation(_tile(h_ptr, rk2, K), nw, s, rstd, NORM, HAS_SCALE)
+    acc1 = w1.to(tl.float32) * a
     if PAIRED:
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kn = k0 + BLOCK_K + rk  # the next tile, requested before this one is used
-        next_mask = n_in[:, None] & (kn[None, :] < K)
-        w1_next = tl.load(w1_rows + kn[None, :], mask=next_mask, other=0.0)
+        acc2 = w2.to(tl.float32) * a
+    # the other tiles through Triton's software pipeline (STAGES - 1 tiles in flight, via shared memory)
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+        kk = k0 + rk
+        mask = n_in[:, None] & (kk[None, :] < K)
+        kk2 = k0 + rk2
+        nw_k = _tile(nw_ptr, kk2, K) if NORM else 0.0
+        s_k = _tile(s_ptr, kk2, K) if HAS_SCALE else 0.0
+        a = _activation(_tile(h_ptr, kk2, K), nw_k, s_k, rstd, NORM, HAS_SCALE)
+        acc1 += tl.load(w1_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32) * a
         if PAIRED:
-            w2_next = tl.load(w2_rows + kn[None, :], mask=next_mask, other=0.0)
-        a = _activation(h_ptr, nw_ptr, s_ptr, k0 + rk, K, rstd, NORM, HAS_SCALE).to(tl.float32)[None, :]
-        acc1 += w1.to(tl.float32) * a
-        w1 = w1_next
-        if PAIRED:
-            acc2 += w2.to(tl.float32) * a
-            w2 = w2_next
+            acc2 += tl.load(w2_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32) * a
 
     dt = out_ptr.dtype.element_ty
     y1 = tl.sum(acc1, axis=1).to(dt)  # rounded to the model dtype, as a projection's output is
@@ -136,7 +149,7 @@ def one_row_kernel(h_ptr, w_ptr, nw_ptr, s_ptr, out_ptr, res_ptr, cos_ptr, sin_p
             tl.store(base + HALF + i, o2.to(kc_ptr.dtype.element_ty), mask=keep)
 
 
-def launch(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, epilogue: int, config: tuple[int, int, int],
+def launch(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, epilogue: int, config: tuple[int, int, int, int],
            norm_weight: torch.Tensor | None = None, eps: float = 0.0, scale: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, half: int = 1, cos: torch.Tensor | None = None,
            sin: torch.Tensor | None = None, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
@@ -145,7 +158,7 @@ def launch(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, epilogue: int
     k = h.shape[0]
     paired = epilogue in (EPI_SILU_MUL, EPI_ROPE_KV)
     n = w.shape[0] // 2 if paired else w.shape[0]  # outputs (pairs of rows when paired)
-    block_n, block_k, warps = config
+    block_n, block_k, warps, stages = config
     dummy = h
     kc = k_cache if k_cache is not None else h.new_empty(1, 1, 1, 1)
     vc = v_cache if v_cache is not None else kc
@@ -157,4 +170,5 @@ def launch(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, epilogue: int
         kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
         HALF=half, HQ=heads[0], HKV=heads[1], CACHE_BLOCK=kc.shape[1],
         NORM=norm_weight is not None, HAS_SCALE=scale is not None, PAIRED=paired, EPILOGUE=epilogue,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl_launch_args(h.device))
+        BLOCK_N=block_n, BLOCK_K=block_k, K_POW2=triton.next_power_of_2(k), STAGES=stages, num_warps=warps,
+        num_stages=stages, **pdl_launch_args(h.device))

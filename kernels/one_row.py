@@ -35,12 +35,14 @@ from ._dispatch import use_triton
 from .fused_ops import add_rms_norm_reference, rope_reference
 from .paged_attention import write_kv_reference
 
-# (BLOCK_N, BLOCK_K, warps) per operation; BLOCK_N counts outputs (pairs of rows for the paired ones)
-CONFIGS: dict[str, tuple[int, int, int]] = {
-    "qkv": (8, 256, 4),
-    "residual": (8, 512, 4),
-    "gate_up": (16, 256, 4),
-    "head": (32, 256, 4),
+# (BLOCK_N, BLOCK_K, warps, pipeline stages) per operation; BLOCK_N counts outputs (pairs of rows for the
+# paired ones). Chosen from the sm_90 compiler's resource report (no spills; `benchmarks/bench_one_row.py
+# --resources`), not yet timed on a GPU
+CONFIGS: dict[str, tuple[int, int, int, int]] = {
+    "qkv": (8, 256, 4, 3),
+    "residual": (8, 256, 4, 3),
+    "gate_up": (8, 256, 4, 3),
+    "head": (16, 256, 4, 3),
 }
 
 
@@ -50,18 +52,18 @@ def _takes_kernel(backend: str, *tensors: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
-def launch_configs() -> dict[str, tuple[int, int, int]]:
-    """CONFIGS, or the JSON object in STREAMSCRIBE_ONE_ROW_CONFIGS (benchmarks try others; read at launch,
-    so at graph capture)."""
+def launch_configs() -> dict[str, tuple[int, int, int, int]]:
+    """CONFIGS, updated with the JSON object in STREAMSCRIBE_ONE_ROW_CONFIGS (benchmarks try others; read at
+    launch, so at graph capture)."""
     text = os.environ.get("STREAMSCRIBE_ONE_ROW_CONFIGS")
     if not text:
         return CONFIGS
     try:
         given = {k: tuple(int(x) for x in v) for k, v in json.loads(text).items()}
     except (ValueError, TypeError, AttributeError) as e:
-        raise ValueError(f"STREAMSCRIBE_ONE_ROW_CONFIGS must be a JSON object of [BLOCK_N, BLOCK_K, warps], "
+        raise ValueError(f"STREAMSCRIBE_ONE_ROW_CONFIGS must be a JSON object of [BLOCK_N, BLOCK_K, warps, stages], "
                          f"got {text!r}") from e
-    bad = [k for k, v in given.items() if k not in CONFIGS or len(v) != 3]
+    bad = [k for k, v in given.items() if k not in CONFIGS or len(v) != 4 or min(v) < 1]
     if bad:
         raise ValueError(f"STREAMSCRIBE_ONE_ROW_CONFIGS: unknown operations or bad configs {bad}")
     return {**CONFIGS, **given}
@@ -87,12 +89,12 @@ def _normed(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, scale: torch
     return add_rms_norm_reference(h, None, norm_weight, eps, scale)[0]
 
 
-def _config_fits(config: tuple[int, int, int], half: int) -> tuple[int, int, int]:
+def _config_fits(config: tuple[int, int, int, int], half: int) -> tuple[int, int, int, int]:
     """Paired programs must stay inside one group of rows: the largest BLOCK_N <= the tuned one dividing `half`."""
     bn = config[0]
     while bn > 1 and half % bn:
         bn //= 2
-    return bn, config[1], config[2]
+    return (bn, *config[1:])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -151,11 +151,12 @@ def test_one_row_decode_on_gpu_equals_the_session(tiny_ckpt, cuda_graphs):
 
 
 @pytest.mark.gpu
-def test_one_row_decode_in_bf16_graphs_equal_eager(tiny_ckpt):
-    """bf16, where the engine takes the one-row path by itself at batch 1: replayed graphs give the
-    eager path's tokens (the same kernels), and the path was the one-row one."""
+def test_one_row_decode_in_bf16_graphs_equal_eager(tiny_ckpt, monkeypatch):
+    """bf16, where STREAMSCRIBE_ONE_ROW=1 makes the engine take the one-row path at batch 1: replayed
+    graphs give the eager path's tokens (the same kernels), and the path was the one-row one."""
     import torch
 
+    monkeypatch.setenv("STREAMSCRIBE_ONE_ROW", "1")
     path = tiny_ckpt(seed=1)
     model, _ = load_model(path, device="cuda", dtype=torch.bfloat16)
     tok = load_tokenizer(path)

@@ -106,6 +106,22 @@ def test_shape_errors_are_clear():
                                  4, 2)
 
 
+def test_default_configs_compile_for_sm90_without_spills():
+    """Each operation's default launch configuration, compiled for the H200 offline (Triton's bundled ptxas):
+    no spill stack, 16-byte weight loads, and the K loop pipelined with cp.async."""
+    pytest.importorskip("triton")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_one_row import CONFIG_KEY, resources
+
+    for op, key in CONFIG_KEY.items():
+        r = resources(op, one_row.CONFIGS[key])
+        assert r["stack_bytes"] == 0 and r["local_loads_stores"] == 0, (op, r)
+        assert r["ldg_128"] > 0 and r["cp_async"] > 0, (op, r)
+
+
 def _interpreter_fp32() -> None:
     _check_qkv(torch.float32, "triton", atol=1e-4)
     _check_projections(torch.float32, "triton", atol=1e-4)

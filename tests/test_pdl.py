@@ -12,7 +12,8 @@ import ast
 from pathlib import Path
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"
-WEIGHT_POINTERS = {"w_ptr", "w_rows"}  # what a kernel may read before the wait: weights, never written by a step
+# what a kernel may read before the wait: weights (projections' rows, norm weights), never written by a step
+WEIGHT_POINTERS = {"w_ptr", "w_rows", "w1_rows", "w2_rows", "nw_ptr"}
 
 
 def _triton_kernels(tree: ast.Module) -> dict[str, ast.FunctionDef]:

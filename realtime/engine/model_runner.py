@@ -54,8 +54,9 @@ class RunnerOptions:
     # are the same as with one stream (the same kernels on the same inputs)
     encoder_stream: bool = True
     # steps of ONE stream run the LM through the fused one-row kernels (`kernels.one_row`: 6 kernels a layer
-    # instead of 11). None: on CUDA in fp16/bf16 unless STREAMSCRIBE_ONE_ROW=0; True forces it (on the CPU
-    # the references run, equal to the unfused path bit for bit); False: never
+    # instead of 11). Opt-in until its GPU run (benchmarks/gpu_one_row.sh) has timed and checked it: None
+    # takes it on CUDA in fp16/bf16 only with STREAMSCRIBE_ONE_ROW=1; True forces it (on the CPU the
+    # references run, equal to the unfused path bit for bit); False: never
     one_row_decode: bool | None = None
 
 
@@ -163,7 +164,7 @@ class ModelRunner:
             return False
         if choice is None:
             return (self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
-                    and os.environ.get("STREAMSCRIBE_ONE_ROW", "1") != "0")
+                    and os.environ.get("STREAMSCRIBE_ONE_ROW", "0") == "1")
         return True
 
     # -- admission -----------------------------------------------------------------------------
