@@ -8,7 +8,9 @@ run, on the same model and batch:
 - `serial`: each step encodes its own token, then runs the LM (one CUDA stream);
 - `ahead_one_stream`: the engine's order before the encoder had a stream of its own (the next token's
   encoder queued after the LM launch, behind it; the tokens do not wait for it);
-- `ahead_encoder_stream`: the same order, the encoder on its own stream (the engine's default).
+- `ahead_encoder_stream`: the same order, the encoder on its own stream (the engine's default);
+- `lm_only` / `encoder_only`: the LM step / the encoder step alone, on the same positions: the lengths of
+  the two chains that `ahead_encoder_stream` runs side by side.
 
     python benchmarks/bench_encoder_overlap.py --model DIR [--counts 1,64,256] [--steps 200] --out F.json \
         [--modes serial,ahead_encoder_stream] [--variants cublas,skinny_pdl]
@@ -57,10 +59,12 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "one_row": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1"},
 }
 
-MODES = {  # name: (the runner's encoder stream, encode ahead)
-    "serial": (False, False),
-    "ahead_one_stream": (False, True),
-    "ahead_encoder_stream": (True, True),
+MODES = {  # name: (the runner's encoder stream, encode ahead, the parts of a step run)
+    "serial": (False, False, "both"),
+    "ahead_one_stream": (False, True, "both"),
+    "ahead_encoder_stream": (True, True, "both"),
+    "lm_only": (False, False, "lm"),  # the LM step alone: the chain that the encoder's stream runs beside
+    "encoder_only": (False, False, "encoder"),
 }
 
 
@@ -96,9 +100,9 @@ def main() -> int:
         row: dict = {"streams": n, **{f"{v}/{m}": [] for v, m in keys}}
         for _ in range(args.repeats):  # alternated, so drift hits every mode alike
             for variant, mode in keys:
-                stream, ahead = MODES[mode]
+                stream, ahead, parts = MODES[mode]
                 with mock.patch.dict(os.environ, VARIANTS[variant]):  # graphs are captured in a variant's first steps
-                    sim = SyntheticStreams(runners[variant, stream], n, [750] * n, ahead=ahead)
+                    sim = SyntheticStreams(runners[variant, stream], n, [750] * n, ahead=ahead, parts=parts)
                     row[f"{variant}/{mode}"].append(time_steps(sim, args.steps, warmup=10))
                     sim.release()
         for v, m in keys:

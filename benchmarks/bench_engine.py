@@ -78,8 +78,13 @@ class SyntheticStreams:
     """Drives ModelRunner.encode/decode directly for `n` streams at given session ages."""
 
     def __init__(self, runner: ModelRunner, n: int, ages_tokens: list[int], delay: int = 6,
-                 ahead: bool = False) -> None:
+                 ahead: bool = False, parts: str = "both") -> None:
+        if parts not in ("both", "lm", "encoder"):
+            raise ValueError(f"parts must be 'both', 'lm' or 'encoder', got {parts!r}")
         self.runner, self.n = runner, n
+        # parts: "lm" times the LM step alone and "encoder" the encoder step alone (each on the same positions
+        # as a whole step), to tell where a step's time goes; "both": the step itself
+        self.parts = parts
         # ahead: in the engine's order (`BatchedEngine._run_step` with encode_ahead): the LM step, its token
         # copy, then the next token's encoder (on the encoder's stream when the runner has one); else
         # each step encodes its own token first
@@ -109,14 +114,19 @@ class SyntheticStreams:
         # front-end work of a real step: each stream's sample window to the device (log-mel, conv stem,
         # encoder layers and adapter run in the encoder graph)
         mark("mel")
-        if not self._encoded:
+        if self.parts == "encoder":
+            r.encoder.run(1, self.host_mel, self.slots, self.lm_pos)
+            r.fence.wait()
+            self.lm_pos = [p + 1 for p in self.lm_pos]
+            return
+        if not self._encoded and self.parts == "both":
             r.encoder.run(1, self.host_mel, self.slots, self.lm_pos)
         mark("encoder")
         ids = r.decode(self.slots, self.lm_pos, self.tokens, self.delays)
         mark("decode")
         queued = r.fence.mark()
         self._copy.start(ids)  # the device -> host copy of a real step
-        if self.ahead:
+        if self.ahead and self.parts == "both":
             r.encoder.run(1, self.host_mel, self.slots, [p + 1 for p in self.lm_pos], ahead=True)
         self._encoded = self.ahead
         self.tokens = self._copy.wait()

@@ -5,7 +5,8 @@
 #   2. benchmarks/bench_one_row.py: each fused operation over its configuration grid, and an LM layer's
 #      kernels unfused vs fused; its BEST_CONFIGS line becomes STREAMSCRIBE_ONE_ROW_CONFIGS for part 3;
 #   3. B1 on the full-size random checkpoint (built on the spot): the twenty-third session's kernels
-#      (`skinny_pdl`) against the one-row path (`one_row`), both step orders, alternated in one run.
+#      (`skinny_pdl`) against the one-row path (`one_row`), both step orders and each part alone (LM, encoder),
+#      alternated in one run.
 #   bash benchmarks/gpu_one_row.sh OUT [TEST_S SWEEP_S B1_S]
 set -u
 out=${1:?out dir}
@@ -21,6 +22,6 @@ best=$(grep '^BEST_CONFIGS ' "$out/one_row.log" | tail -1 | cut -d' ' -f2-)
 if [ -n "$best" ]; then export STREAMSCRIBE_ONE_ROW_CONFIGS="$best"; fi
 echo "configs: ${STREAMSCRIBE_ONE_ROW_CONFIGS:-defaults}"
 PYTHONUNBUFFERED=1 timeout "${4:-300}" python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1 \
-  --modes serial,ahead_encoder_stream --variants skinny_pdl,one_row --out "$out/b1.json" > "$out/b1.log" 2>&1
+  --modes serial,ahead_encoder_stream,lm_only,encoder_only --variants skinny_pdl,one_row --out "$out/b1.json" > "$out/b1.log" 2>&1
 echo "b1 rc=$?"
 grep -E "bench_encoder_overlap: |Error|error" "$out/b1.log" | tail -4

@@ -130,6 +130,35 @@ def test_synthetic_streams_in_the_engines_order_decode_the_same_tokens(tiny_ckpt
     assert len({t for step in tokens[True] for t in step}) > 1  # real argmaxes, not a constant
 
 
+def test_synthetic_streams_time_each_part_alone(tiny_ckpt, monkeypatch):
+    """parts="lm" runs only LM steps and parts="encoder" only encoder steps, on the positions a whole step
+    would take; "both" is the step (what the other tests check)."""
+    from bench_engine import SyntheticStreams
+
+    from realtime.engine import RunnerOptions
+    from realtime.engine.model_runner import ModelRunner
+    from realtime.loader import load_model
+
+    model, _ = load_model(tiny_ckpt(seed=2))
+    runner = ModelRunner(model, RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False, max_session_seconds=60))
+    calls = {"encoder": 0, "lm": 0}
+    run, decode = runner.encoder.run, runner.decode
+    monkeypatch.setattr(runner.encoder, "run", lambda *a, **k: (calls.__setitem__("encoder", calls["encoder"] + 1),
+                                                                run(*a, **k))[1])
+    monkeypatch.setattr(runner, "decode", lambda *a, **k: (calls.__setitem__("lm", calls["lm"] + 1), decode(*a, **k))[1])
+    for parts, want in (("lm", {"encoder": 0, "lm": 3}), ("encoder", {"encoder": 3, "lm": 0}),
+                        ("both", {"encoder": 3, "lm": 3})):
+        calls.update(encoder=0, lm=0)
+        sim = SyntheticStreams(runner, 2, [0, 7], parts=parts)
+        for _ in range(3):
+            sim.step()
+        assert calls == want, parts
+        assert sim.lm_pos == [sim.prompt + 3, sim.prompt + 10]
+        sim.release()
+    with pytest.raises(ValueError, match="parts must be"):
+        SyntheticStreams(runner, 1, [0], parts="half")
+
+
 def test_pyspy_summary_counts_each_function_once_per_sample(tmp_path):
     """Samples per thread (thread ids dropped), functions by inclusive samples: a function on two lines
     of one stack (recursion, or two calls in one frame chain) counts once for that stack."""
@@ -158,7 +187,7 @@ def test_encoder_overlap_benchmark_refuses_unknown_modes_and_variants(monkeypatc
         with pytest.raises(SystemExit):
             beo.main()
         assert "unknown mode or variant" in capsys.readouterr().err
-    assert set(beo.MODES) == {"serial", "ahead_one_stream", "ahead_encoder_stream"}
+    assert set(beo.MODES) == {"serial", "ahead_one_stream", "ahead_encoder_stream", "lm_only", "encoder_only"}
     assert beo.VARIANTS["cublas"] == {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "0", "STREAMSCRIBE_ONE_ROW": "0"}
     assert beo.VARIANTS["one_row"]["STREAMSCRIBE_ONE_ROW"] == "1"
     assert beo.VARIANTS["default"] == {}
