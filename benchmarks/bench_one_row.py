@@ -171,7 +171,7 @@ def fused_layer(L: Layer, x: Inputs) -> None:
 def op_bytes(op: str, layers: list[Layer], heads: list[torch.Tensor]) -> int:
     if op == "head":
         return sum(w.numel() * 2 for w in heads)
-    return sum(getattr(L, {"qkv": "qkv", "o": "o", "gate_up": "gate_up", "down": "down"}[op]).numel() * 2 for L in layers)
+    return sum(getattr(L, op).numel() * 2 for L in layers)  # the op names are Layer's weight names
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -159,16 +159,17 @@ def launch(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, epilogue: int
     paired = epilogue in (EPI_SILU_MUL, EPI_ROPE_KV)
     n = w.shape[0] // 2 if paired else w.shape[0]  # outputs (pairs of rows when paired)
     block_n, block_k, warps, stages = config
-    dummy = h
-    kc = k_cache if k_cache is not None else h.new_empty(1, 1, 1, 1)
-    vc = v_cache if v_cache is not None else kc
+    dummy = h  # any valid pointer for the arguments this specialisation never reads
+    if k_cache is not None and v_cache is not None:
+        kc, vc, cache_strides, cache_block = k_cache, v_cache, (*k_cache.stride()[:3], *v_cache.stride()[:3]), k_cache.shape[1]
+    else:
+        kc, vc, cache_strides, cache_block = dummy, dummy, (0,) * 6, 1
     one_row_kernel[(triton.cdiv(n, block_n),)](
         h, w, norm_weight if norm_weight is not None else dummy, scale if scale is not None else dummy, out,
         residual if residual is not None else dummy, cos if cos is not None else dummy,
         sin if sin is not None else dummy, kc, vc, slot if slot is not None else dummy,
-        n, k, w.stride(0), float(eps),
-        kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
-        HALF=half, HQ=heads[0], HKV=heads[1], CACHE_BLOCK=kc.shape[1],
+        n, k, w.stride(0), float(eps), *cache_strides,
+        HALF=half, HQ=heads[0], HKV=heads[1], CACHE_BLOCK=cache_block,
         NORM=norm_weight is not None, HAS_SCALE=scale is not None, PAIRED=paired, EPILOGUE=epilogue,
         BLOCK_N=block_n, BLOCK_K=block_k, K_POW2=triton.next_power_of_2(k), STAGES=stages, num_warps=warps,
         num_stages=stages, **pdl_launch_args(h.device))

@@ -20,7 +20,8 @@ order than cuBLAS, so on the GPU the results agree to the dtype's rounding.
 
 `backend="auto"` runs Triton on CUDA tensors (any float dtype: the engine chooses this path for fp16/bf16
 only, and fp32 runs make the GPU tests exact) and the reference elsewhere. The launch configurations
-(`CONFIGS`; STREAMSCRIBE_ONE_ROW_CONFIGS overrides them) were tuned on an H200 (`benchmarks/bench_one_row.py`).
+(`CONFIGS`; STREAMSCRIBE_ONE_ROW_CONFIGS overrides them) are to be tuned on an H200 by
+`benchmarks/bench_one_row.py`; until then they are chosen from the sm_90 compiler's resource report.
 """
 
 from __future__ import annotations

@@ -349,6 +349,9 @@ class LanguageModel(nn.Module):
         inputs_embeds [H], position [1], ada_scales [L, H] -> the residual stream after the last layer [H]
         (the final norm is left to the head, `VoxtralRealtime.one_row_logits`). Needs the fused
         projections of `VoxtralRealtime.fuse_projections`."""
+        if not supports_fused_kv_write(backend):
+            raise TypeError(f"forward_one_row writes keys/values in the q/k/v projection: the attention backend "
+                            f"{type(backend).__name__} does not declare supports_fused_kv_write")
         c = self.config
         cos, sin = rope_cos_sin(position, self.inv_freq, inputs_embeds.dtype)
         cos, sin = cos.reshape(-1), sin.reshape(-1)

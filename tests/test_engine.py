@@ -135,6 +135,31 @@ def test_one_row_decode_path_equals_the_session(tiny_ckpt, small_windows, monkey
     assert calls["n"] > 100
 
 
+def test_one_row_decode_needs_a_backend_that_declares_fused_kv_writes(tiny_ckpt):
+    """The one-row path writes keys/values inside its projection: a backend that does not declare
+    `supports_fused_kv_write` (one with look-alike methods included) is refused with a clear error."""
+    import torch
+
+    from realtime.attention import DenseAttention
+    from realtime.model import supports_fused_kv_write
+
+    model, _ = load_model(tiny_ckpt(seed=1))
+    c = model.config.decoder
+
+    class LookAlike:
+        def kv_destination(self, layer):
+            raise AssertionError("a backend that does not declare the capability must not be used")
+
+        attend_cached = kv_destination
+
+    row = torch.zeros(c.hidden_size)
+    ada = torch.ones(c.num_layers, c.hidden_size)
+    for backend in (DenseAttention(torch.zeros(1, 1, dtype=torch.long), None), LookAlike()):
+        assert not supports_fused_kv_write(backend)
+        with pytest.raises(TypeError, match="does not declare supports_fused_kv_write"):
+            model.one_row_logits(row, torch.zeros(1, dtype=torch.long), ada, backend)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cuda_graphs", [True, False])
 def test_one_row_decode_on_gpu_equals_the_session(tiny_ckpt, cuda_graphs):
