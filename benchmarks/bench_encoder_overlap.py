@@ -8,7 +8,8 @@ run, on the same model and batch:
 - `serial`: each step encodes its own token, then runs the LM (one CUDA stream);
 - `ahead_one_stream`: the engine's order before the encoder had a stream of its own (the next token's
   encoder queued after the LM launch, behind it; the tokens do not wait for it);
-- `ahead_encoder_stream`: the same order, the encoder on its own stream (the engine's default);
+- `ahead_encoder_stream`: the same order, the encoder on its own stream and the LM on a high-priority one
+  (the engine's default); `ahead_equal_priority`: the two streams at one priority (the default before);
 - `lm_only` / `encoder_only`: the LM step / the encoder step alone, on the same positions: the lengths of
   the two chains that `ahead_encoder_stream` runs side by side.
 
@@ -28,6 +29,7 @@ one minute. DIR without a checkpoint gets the full-size random one (`gpu_model_p
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -57,14 +59,19 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "skinny": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "0"},
     "skinny_pdl": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "0"},
     "one_row": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1"},
+    "one_row_unfused_gate_up": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1",
+                                "STREAMSCRIBE_ONE_ROW_GATE_UP": "0"},
+    "one_row_no_prefetch": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1",
+                            "STREAMSCRIBE_L2_PREFETCH": "0"},
 }
 
-MODES = {  # name: (the runner's encoder stream, encode ahead, the parts of a step run)
-    "serial": (False, False, "both"),
-    "ahead_one_stream": (False, True, "both"),
-    "ahead_encoder_stream": (True, True, "both"),
-    "lm_only": (False, False, "lm"),  # the LM step alone: the chain that the encoder's stream runs beside
-    "encoder_only": (False, False, "encoder"),
+MODES = {  # name: (the runner's encoder stream, encode ahead, the parts of a step run, the LM stream's priority)
+    "serial": (False, False, "both", True),
+    "ahead_one_stream": (False, True, "both", True),
+    "ahead_encoder_stream": (True, True, "both", True),
+    "ahead_equal_priority": (True, True, "both", False),  # the encoder's stream and the LM's at one priority
+    "lm_only": (False, False, "lm", True),  # the LM step alone: the chain that the encoder's stream runs beside
+    "encoder_only": (False, False, "encoder", True),
 }
 
 
@@ -93,16 +100,17 @@ def main() -> int:
         runners = {}
         for variant in variants:
             with mock.patch.dict(os.environ, VARIANTS[variant]):
-                for stream in sorted({MODES[m][0] for m in modes}):
-                    runners[variant, stream] = ModelRunner(model, RunnerOptions(
-                        max_streams=n, max_batch=n, max_session_seconds=120, encoder_stream=stream))
+                for stream, priority in sorted({(MODES[m][0], MODES[m][3]) for m in modes}):
+                    runners[variant, stream, priority] = ModelRunner(model, RunnerOptions(
+                        max_streams=n, max_batch=n, max_session_seconds=120, encoder_stream=stream,
+                        lm_stream_priority=priority))
         keys = [(v, m) for v in variants for m in modes]
         row: dict = {"streams": n, **{f"{v}/{m}": [] for v, m in keys}}
         for _ in range(args.repeats):  # alternated, so drift hits every mode alike
             for variant, mode in keys:
-                stream, ahead, parts = MODES[mode]
+                stream, ahead, parts, priority = MODES[mode]
                 with mock.patch.dict(os.environ, VARIANTS[variant]):  # graphs are captured in a variant's first steps
-                    sim = SyntheticStreams(runners[variant, stream], n, [750] * n, ahead=ahead, parts=parts)
+                    sim = SyntheticStreams(runners[variant, stream, priority], n, [750] * n, ahead=ahead, parts=parts)
                     row[f"{variant}/{mode}"].append(time_steps(sim, args.steps, warmup=10))
                     sim.release()
         for v, m in keys:
@@ -110,7 +118,8 @@ def main() -> int:
         log.info("streams %d: %s; floor %.3f ms", n,
                  ", ".join(f"{v}/{m} {row[f'{v}/{m}_median_ms']:.3f} ms" for v, m in keys), floor_ms)
         report["rows"].append(row)
-        del runners
+        del runners, sim
+        gc.collect()  # a runner and its encoder refer to each other: freed by the collector, not by `del`
         torch.cuda.empty_cache()
     Path(args.out).write_text(json.dumps(report, indent=1))
     return 0

@@ -8,8 +8,15 @@
 #      (`skinny_pdl`) against the one-row path (`one_row`), both step orders and each part alone (LM, encoder),
 #      alternated in one run.
 #   bash benchmarks/gpu_one_row.sh OUT [TEST_S SWEEP_S B1_S]
+# The full-size checkpoint's tokenizer is built from mistral-common's bundled vocabulary, which the GPU machine
+# lacks: bring its wheel (python3 -m pip download --no-deps --only-binary=:all: -d .whl_gpu mistral-common==1.13.1)
+# and carry .whl_gpu; this script installs what it finds there.
 set -u
 out=${1:?out dir}
+if ls .whl_gpu/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_gpu/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
 timeout "${2:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_one_row.py tests/test_engine.py \
   tests/test_linear.py tests/test_fused_ops.py tests/test_kernels.py > "$out/gpu_tests.txt" 2>&1
@@ -22,6 +29,6 @@ best=$(grep '^BEST_CONFIGS ' "$out/one_row.log" | tail -1 | cut -d' ' -f2-)
 if [ -n "$best" ]; then export STREAMSCRIBE_ONE_ROW_CONFIGS="$best"; fi
 echo "configs: ${STREAMSCRIBE_ONE_ROW_CONFIGS:-defaults}"
 PYTHONUNBUFFERED=1 timeout "${4:-300}" python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1 \
-  --modes serial,ahead_encoder_stream,lm_only,encoder_only --variants skinny_pdl,one_row --out "$out/b1.json" > "$out/b1.log" 2>&1
+  --modes serial,ahead_encoder_stream,lm_only,encoder_only --variants skinny_pdl,one_row,one_row_no_prefetch --out "$out/b1.json" > "$out/b1.log" 2>&1
 echo "b1 rc=$?"
 grep -E "bench_encoder_overlap: |Error|error" "$out/b1.log" | tail -4

@@ -20,8 +20,8 @@ order than cuBLAS, so on the GPU the results agree to the dtype's rounding.
 
 `backend="auto"` runs Triton on CUDA tensors (any float dtype: the engine chooses this path for fp16/bf16
 only, and fp32 runs make the GPU tests exact) and the reference elsewhere. The launch configurations
-(`CONFIGS`; STREAMSCRIBE_ONE_ROW_CONFIGS overrides them) are to be tuned on an H200 by
-`benchmarks/bench_one_row.py`; until then they are chosen from the sm_90 compiler's resource report.
+(`CONFIGS`; STREAMSCRIBE_ONE_ROW_CONFIGS overrides them) are the fastest of `benchmarks/bench_one_row.py`'s
+sweep on an H200.
 """
 
 from __future__ import annotations
@@ -36,14 +36,16 @@ from ._dispatch import use_triton
 from .fused_ops import add_rms_norm_reference, rope_reference
 from .paged_attention import write_kv_reference
 
-# (BLOCK_N, BLOCK_K, warps, pipeline stages) per operation; BLOCK_N counts outputs (pairs of rows for the
-# paired ones). Chosen from the sm_90 compiler's resource report (no spills; `benchmarks/bench_one_row.py
-# --resources`), not yet timed on a GPU
-CONFIGS: dict[str, tuple[int, int, int, int]] = {
-    "qkv": (8, 256, 4, 3),
-    "residual": (8, 256, 4, 3),
-    "gate_up": (8, 256, 4, 3),
-    "head": (16, 256, 4, 3),
+# (BLOCK_N, BLOCK_K, warps, pipeline stages, L2 prefetch budget in MiB) per operation; BLOCK_N counts outputs
+# (pairs of rows for the paired ones). The fastest of `benchmarks/bench_one_row.py`'s sweep on one H200
+# (twenty-fifth session, docs/benchmarks.md): wide K tiles in plain loads beat the cp.async pipeline, and the
+# L2 prefetch gained at most 2% on any operation and nothing on a layer
+Config = tuple[int, int, int, int, int]
+CONFIGS: dict[str, Config] = {
+    "qkv": (4, 512, 2, 1, 0),
+    "residual": (8, 1024, 4, 1, 0),
+    "gate_up": (8, 512, 4, 1, 0),
+    "head": (16, 256, 8, 1, 0),
 }
 
 
@@ -53,21 +55,28 @@ def _takes_kernel(backend: str, *tensors: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
-def launch_configs() -> dict[str, tuple[int, int, int, int]]:
+def launch_configs() -> dict[str, Config]:
     """CONFIGS, updated with the JSON object in STREAMSCRIBE_ONE_ROW_CONFIGS (benchmarks try others; read at
-    launch, so at graph capture)."""
+    launch, so at graph capture). A given configuration has 4 entries (no prefetch) or 5."""
     text = os.environ.get("STREAMSCRIBE_ONE_ROW_CONFIGS")
     if not text:
         return CONFIGS
     try:
         given = {k: tuple(int(x) for x in v) for k, v in json.loads(text).items()}
     except (ValueError, TypeError, AttributeError) as e:
-        raise ValueError(f"STREAMSCRIBE_ONE_ROW_CONFIGS must be a JSON object of [BLOCK_N, BLOCK_K, warps, stages], "
-                         f"got {text!r}") from e
-    bad = [k for k, v in given.items() if k not in CONFIGS or len(v) != 4 or min(v) < 1]
+        raise ValueError(f"STREAMSCRIBE_ONE_ROW_CONFIGS must be a JSON object of [BLOCK_N, BLOCK_K, warps, stages"
+                         f"(, prefetch MiB)], got {text!r}") from e
+    bad = [k for k, v in given.items() if k not in CONFIGS or len(v) not in (4, 5) or min(v[:4]) < 1 or min(v) < 0]
     if bad:
         raise ValueError(f"STREAMSCRIBE_ONE_ROW_CONFIGS: unknown operations or bad configs {bad}")
-    return {**CONFIGS, **given}
+    return {**CONFIGS, **{k: (*v, 0) if len(v) == 4 else v for k, v in given.items()}}
+
+
+def fused_gate_up() -> bool:
+    """Whether the one-row LM path takes `norm_gate_up_silu` (default) or the unfused layer's norm, projection
+    and SiLU·mul kernels for the MLP input (STREAMSCRIBE_ONE_ROW_GATE_UP=0; read at launch, so at graph
+    capture): the fused gate/up is the one operation of the four that the sweep found far from its bytes."""
+    return os.environ.get("STREAMSCRIBE_ONE_ROW_GATE_UP", "1") != "0"
 
 
 def _check(name: str, h: torch.Tensor, w: torch.Tensor, rows: int | None = None) -> None:
@@ -90,7 +99,7 @@ def _normed(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, scale: torch
     return add_rms_norm_reference(h, None, norm_weight, eps, scale)[0]
 
 
-def _config_fits(config: tuple[int, int, int, int], half: int) -> tuple[int, int, int, int]:
+def _config_fits(config: Config, half: int) -> Config:
     """Paired programs must stay inside one group of rows: the largest BLOCK_N <= the tuned one dividing `half`."""
     bn = config[0]
     while bn > 1 and half % bn:

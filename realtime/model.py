@@ -365,8 +365,11 @@ class LanguageModel(nn.Module):
                                          k_cache, v_cache, slot, c.num_heads, c.num_kv_heads)
             out = backend.attend_cached(i, q[None, None])
             res = one_row.linear_residual(out.reshape(-1), attn.o_proj.weight, res)
-            act = one_row.norm_gate_up_silu(res, layer.post_attention_layernorm.weight, c.rms_norm_eps, ada_scales[i],
-                                            mlp._gate_up)
+            if one_row.fused_gate_up():
+                act = one_row.norm_gate_up_silu(res, layer.post_attention_layernorm.weight, c.rms_norm_eps,
+                                                ada_scales[i], mlp._gate_up)
+            else:  # the unfused layer's three kernels (norm, projection, SiLU·mul): same rounding
+                act = silu_mul(linear(layer.post_attention_layernorm(res, None, ada_scales[i])[0], mlp._gate_up))
             res = one_row.linear_residual(act, mlp.down_proj.weight, res)
         return res
 
