@@ -8,8 +8,7 @@ run, on the same model and batch:
 - `serial`: each step encodes its own token, then runs the LM (one CUDA stream);
 - `ahead_one_stream`: the engine's order before the encoder had a stream of its own (the next token's
   encoder queued after the LM launch, behind it; the tokens do not wait for it);
-- `ahead_encoder_stream`: the same order, the encoder on its own stream and the LM on a high-priority one
-  (the engine's default); `ahead_equal_priority`: the two streams at one priority (the default before);
+- `ahead_encoder_stream`: the same order, the encoder on its own stream (the engine's default);
 - `lm_only` / `encoder_only`: the LM step / the encoder step alone, on the same positions: the lengths of
   the two chains that `ahead_encoder_stream` runs side by side.
 
@@ -20,7 +19,8 @@ run, on the same model and batch:
 while a variant's runners capture and replay their graphs): `cublas` (F.linear, no programmatic
 dependent launch: the code before the twenty-third session), `pdl` (PDL on the Triton kernels only),
 `skinny` (few-row Triton projections, no PDL), `skinny_pdl` (both: the twenty-third session's default),
-`one_row` (and the fused one-row LM kernels of `kernels.one_row` at batch 1; opt-in, STREAMSCRIBE_ONE_ROW=1).
+`one_row` (and the fused one-row LM kernels of `kernels.one_row` at batch 1: the default since the
+twenty-fifth session), `one_row_fused_gate_up` (with the gate/up fused too, STREAMSCRIBE_ONE_ROW_GATE_UP=1).
 
 Drives `ModelRunner` directly (graphs on) through `bench_engine.SyntheticStreams`, at a session age of
 one minute. DIR without a checkpoint gets the full-size random one (`gpu_model_parity.build_checkpoint`).
@@ -59,19 +59,16 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "skinny": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "0"},
     "skinny_pdl": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "0"},
     "one_row": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1"},
-    "one_row_unfused_gate_up": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1",
-                                "STREAMSCRIBE_ONE_ROW_GATE_UP": "0"},
-    "one_row_no_prefetch": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1",
-                            "STREAMSCRIBE_L2_PREFETCH": "0"},
+    "one_row_fused_gate_up": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1",
+                              "STREAMSCRIBE_ONE_ROW_GATE_UP": "1"},
 }
 
-MODES = {  # name: (the runner's encoder stream, encode ahead, the parts of a step run, the LM stream's priority)
-    "serial": (False, False, "both", True),
-    "ahead_one_stream": (False, True, "both", True),
-    "ahead_encoder_stream": (True, True, "both", True),
-    "ahead_equal_priority": (True, True, "both", False),  # the encoder's stream and the LM's at one priority
-    "lm_only": (False, False, "lm", True),  # the LM step alone: the chain that the encoder's stream runs beside
-    "encoder_only": (False, False, "encoder", True),
+MODES = {  # name: (the runner's encoder stream, encode ahead, the parts of a step run)
+    "serial": (False, False, "both"),
+    "ahead_one_stream": (False, True, "both"),
+    "ahead_encoder_stream": (True, True, "both"),
+    "lm_only": (False, False, "lm"),  # the LM step alone: the chain that the encoder's stream runs beside
+    "encoder_only": (False, False, "encoder"),
 }
 
 
@@ -100,17 +97,16 @@ def main() -> int:
         runners = {}
         for variant in variants:
             with mock.patch.dict(os.environ, VARIANTS[variant]):
-                for stream, priority in sorted({(MODES[m][0], MODES[m][3]) for m in modes}):
-                    runners[variant, stream, priority] = ModelRunner(model, RunnerOptions(
-                        max_streams=n, max_batch=n, max_session_seconds=120, encoder_stream=stream,
-                        lm_stream_priority=priority))
+                for stream in sorted({MODES[m][0] for m in modes}):
+                    runners[variant, stream] = ModelRunner(model, RunnerOptions(
+                        max_streams=n, max_batch=n, max_session_seconds=120, encoder_stream=stream))
         keys = [(v, m) for v in variants for m in modes]
         row: dict = {"streams": n, **{f"{v}/{m}": [] for v, m in keys}}
         for _ in range(args.repeats):  # alternated, so drift hits every mode alike
             for variant, mode in keys:
-                stream, ahead, parts, priority = MODES[mode]
+                stream, ahead, parts = MODES[mode]
                 with mock.patch.dict(os.environ, VARIANTS[variant]):  # graphs are captured in a variant's first steps
-                    sim = SyntheticStreams(runners[variant, stream, priority], n, [750] * n, ahead=ahead, parts=parts)
+                    sim = SyntheticStreams(runners[variant, stream], n, [750] * n, ahead=ahead, parts=parts)
                     row[f"{variant}/{mode}"].append(time_steps(sim, args.steps, warmup=10))
                     sim.release()
         for v, m in keys:

@@ -108,10 +108,6 @@ class SyntheticStreams:
             self.runner.release(s)
 
     def step(self, trace: StepTrace | None = None) -> None:
-        with self.runner.on_lm_stream():  # as the engine's step (`BatchedEngine._run_step`)
-            self._step(trace)
-
-    def _step(self, trace: StepTrace | None) -> None:
         r = self.runner
         mark = trace.mark if trace is not None else _no_mark
         mark("start")

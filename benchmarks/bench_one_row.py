@@ -9,10 +9,10 @@ served from L2, each chain replayed from one CUDA graph):
 1. times each fused operation (qkv + RoPE + KV write, o + residual, gate/up + SiLU·mul, down +
    residual, final norm + head) for every configuration in GRID, after checking each configuration's
    result against the reference (bf16 tolerance); configurations that do not fit (shared memory) are
-   skipped; then the three best again with each L2 prefetch budget of PREFETCH_MIB;
+   skipped;
 2. times a whole layer's projections and element-wise kernels (attention left out: it is the same in
    both) as the engine ran them before (`unfused`: norm, qkv, RoPE, KV write, o, norm, gate/up,
-   SiLU·mul, down) and fused with the best configurations, without and with prefetch;
+   SiLU·mul, down) and fused with the best configurations;
 3. prints `BEST_CONFIGS {json}` (the value for STREAMSCRIBE_ONE_ROW_CONFIGS) as its last line.
 The floor of each row is its weight bytes over the copy bandwidth measured in the same run.
 
@@ -41,17 +41,15 @@ log = logging.getLogger("bench_one_row")
 
 H, HQ, HKV, D, INTER, VOCAB = 3072, 32, 8, 128, 9216, 131072  # the full-size LM
 # (BLOCK_N, BLOCK_K, warps, pipeline stages); configurations the sm_90 compiler spills are skipped
-GRID = [(bn, bk, w, st, 0) for bn, bk, w in ((4, 256, 2), (8, 256, 4), (16, 256, 4), (16, 256, 8), (8, 512, 4), (32, 256, 8),
+GRID = [(bn, bk, w, st) for bn, bk, w in ((4, 256, 2), (8, 256, 4), (16, 256, 4), (16, 256, 8), (8, 512, 4), (32, 256, 8),
                                              (4, 512, 2), (8, 1024, 4))
         for st in (1, 2, 3, 4)]
-# L2 prefetch budgets (MiB) tried on each operation's best configurations (4096: every program prefetches)
-PREFETCH_MIB = (4, 8, 16, 32, 64, 4096)
 # what each operation launches (one_row_kernel's constexprs) at the full-size shapes: (epilogue, K, HALF)
 OP_KERNEL = {"qkv": (3, H, D // 2), "o": (1, HQ * D, 1), "gate_up": (2, H, INTER), "down": (1, INTER, 1),
              "head": (0, H, 1)}
 
 
-def resources(op: str, config: tuple[int, ...]) -> dict:
+def resources(op: str, config: tuple[int, int, int, int]) -> dict:
     """Compile `op`'s kernel for sm_90 without a GPU (Triton's bundled ptxas) and read its resource usage
     (registers, stack = spill space) and the loads its SASS holds (cuobjdump, also bundled)."""
     import re
@@ -65,19 +63,18 @@ def resources(op: str, config: tuple[int, ...]) -> dict:
     from kernels._one_row_triton import EPI_ROPE_KV, EPI_SILU_MUL, one_row_kernel
 
     epilogue, k, half = OP_KERNEL[op]
-    bn, bk, warps, stages = config[:4]
-    prefetch = len(config) > 4 and config[4] > 0
+    bn, bk, warps, stages = config
     if epilogue in (EPI_ROPE_KV, EPI_SILU_MUL):
         while half % bn:
             bn //= 2
     names = one_row_kernel.arg_names
-    ints = {"N", "K", "stride_w", "prefetch_programs", "stride_kcb", "stride_kcs", "stride_kch", "stride_vcb", "stride_vcs", "stride_vch"}
+    ints = {"N", "K", "stride_w", "stride_kcb", "stride_kcs", "stride_kch", "stride_vcb", "stride_vcs", "stride_vch"}
     sig = {n: "*i64" if n == "slot_ptr" else "*bf16" if n.endswith("_ptr") else "fp32" if n == "eps" else
            "i32" if n in ints else "constexpr" for n in names}
     norm = op in ("qkv", "gate_up", "head")
     const = {"HALF": half, "HQ": HQ, "HKV": HKV, "CACHE_BLOCK": 16, "NORM": norm, "HAS_SCALE": op == "gate_up",
              "PAIRED": epilogue in (EPI_ROPE_KV, EPI_SILU_MUL), "EPILOGUE": epilogue, "BLOCK_N": bn, "BLOCK_K": bk,
-             "K_POW2": triton.next_power_of_2(k), "STAGES": stages, "USE_GDC": True, "PREFETCH": prefetch, "ELSIZE": 2}
+             "K_POW2": triton.next_power_of_2(k), "STAGES": stages, "USE_GDC": True}
     aligned = [n for n in names if n.endswith("_ptr") or n in ("K", "stride_w")]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     compiled = triton.compile(ASTSource(one_row_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
@@ -92,8 +89,7 @@ def resources(op: str, config: tuple[int, ...]) -> dict:
     if m is None:
         raise RuntimeError(f"no resource usage for {op} {config}: {usage[-300:]}")
     return {"registers": int(m.group(1)), "stack_bytes": int(m.group(2)), "ldg_128": sass.count("LDG.E.128"),
-            "cp_async": sass.count("LDGSTS"), "local_loads_stores": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
-            "l2_bulk_prefetch": compiled.asm["ptx"].count("cp.async.bulk.prefetch.L2")}
+            "cp_async": sass.count("LDGSTS"), "local_loads_stores": len(re.findall(r"\b(?:LDL|STL)\b", sass))}
 
 
 def resource_table() -> dict[str, dict[str, dict]]:
@@ -216,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bw / 1e9, "layers": args.layers,
                     "ops": {}}
     failed = 0
-    timings: dict[str, dict[tuple[int, ...], float]] = {}
+    timings: dict[str, dict[tuple[int, int, int, int], float]] = {}
 
-    def timed_config(op: str, config: tuple[int, ...], want: torch.Tensor) -> float | None:
+    def timed_config(op: str, config: tuple[int, int, int, int], want: torch.Tensor) -> float | None:
         """µs per call of `op` with `config`, after checking its result; None when it does not fit or is wrong."""
         nonlocal failed
         os.environ["STREAMSCRIBE_ONE_ROW_CONFIGS"] = json.dumps({CONFIG_KEY[op]: config})
@@ -243,43 +239,26 @@ def main(argv: list[str] | None = None) -> int:
             t = timed_config(op, config, want)
             if t is not None:
                 timed[config] = t
-        plain = min(timed, key=timed.get)
-        for config in sorted(timed, key=timed.get)[:3]:  # the prefetch budgets on the three best
-            for mib in PREFETCH_MIB:
-                t = timed_config(op, (*config[:4], mib), want)
-                if t is not None:
-                    timed[(*config[:4], mib)] = t
         os.environ.pop("STREAMSCRIBE_ONE_ROW_CONFIGS")
         top = min(timed, key=timed.get)
         result["ops"][op] = {"floor_us": floor_us, "us": {str(c): t for c, t in timed.items()}, "best": top,
-                             "best_us": timed[top], "best_without_prefetch": plain,
-                             "best_without_prefetch_us": timed[plain]}
-        log.info("%-8s floor %6.1f us, best %6.1f us %s; without prefetch %6.1f us %s; default %s: %.1f us", op,
-                 floor_us, timed[top], top, timed[plain], plain, one_row.CONFIGS[key],
-                 timed.get(one_row.CONFIGS[key], float("nan")))
-
-    def best_of(with_prefetch: bool) -> dict[str, tuple[int, ...]]:
-        pick = {op: {c: t for c, t in timings[op].items() if with_prefetch or c[4] == 0} for op in timings}
-        best = {CONFIG_KEY[op]: min(pick[op], key=pick[op].get) for op in ("qkv", "gate_up", "head")}
-        # one configuration serves both residual projections (o and down): the best of their sum
-        both = {c: pick["o"][c] + pick["down"][c] for c in pick["o"] if c in pick["down"]}
-        best["residual"] = min(both, key=both.get)
-        return best
-
-    layer_bytes = sum(t.numel() * 2 for t in (layers[0].qkv, layers[0].o, layers[0].gate_up, layers[0].down))
-    result["layer"] = {"floor_us": layer_bytes / bw * 1e6,
-                       "unfused_us": graph_us_per_call([lambda L=L: unfused_layer(L, x) for L in layers])}
-    for name, with_prefetch in (("fused", False), ("fused_prefetch", True)):
-        configs = best_of(with_prefetch)
-        os.environ["STREAMSCRIBE_ONE_ROW_CONFIGS"] = json.dumps(configs)
-        result["layer"][f"{name}_us"] = graph_us_per_call([lambda L=L: fused_layer(L, x) for L in layers])
-        result["layer"][f"{name}_configs"] = configs
-    best = min(("fused", "fused_prefetch"), key=lambda n: result["layer"][f"{n}_us"])
-    best = result["layer"][f"{best}_configs"]
+                             "best_us": timed[top]}
+        log.info("%-8s floor %6.1f us, best %6.1f us %s; default %s: %.1f us", op, floor_us, timed[top], top,
+                 one_row.CONFIGS[key], timed.get(one_row.CONFIGS[key], float("nan")))
+    best = {CONFIG_KEY[op]: min(timings[op], key=timings[op].get) for op in ("qkv", "gate_up", "head")}
+    # one configuration serves both residual projections (o and down): the best of their sum
+    both = {c: timings["o"][c] + timings["down"][c] for c in timings["o"] if c in timings["down"]}
+    best["residual"] = min(both, key=both.get)
     os.environ["STREAMSCRIBE_ONE_ROW_CONFIGS"] = json.dumps(best)
-    log.info("layer (no attention): floor %.1f us, unfused %.1f us, fused %.1f us, fused with prefetch %.1f us",
-             result["layer"]["floor_us"], result["layer"]["unfused_us"], result["layer"]["fused_us"],
-             result["layer"]["fused_prefetch_us"])
+    layer_bytes = sum(t.numel() * 2 for t in (layers[0].qkv, layers[0].o, layers[0].gate_up, layers[0].down))
+    result["layer"] = {
+        "floor_us": layer_bytes / bw * 1e6,
+        "unfused_us": graph_us_per_call([lambda L=L: unfused_layer(L, x) for L in layers]),
+        "fused_us": graph_us_per_call([lambda L=L: fused_layer(L, x) for L in layers]),
+        "configs": best,
+    }
+    log.info("layer (no attention): floor %.1f us, unfused %.1f us, fused %.1f us", result["layer"]["floor_us"],
+             result["layer"]["unfused_us"], result["layer"]["fused_us"])
     code = finish_experiment(result, args.out, failed)
     print("BEST_CONFIGS " + json.dumps(best))
     return code

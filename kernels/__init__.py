@@ -23,8 +23,7 @@ On sm_90+ every Triton kernel launches with programmatic dependent launch (`_dis
 it may start while the previous kernel runs and waits for its results before reading them. Switches
 for A/B runs (read at launch, so at graph capture): STREAMSCRIBE_PDL=0 (no PDL),
 STREAMSCRIBE_SKINNY_ROWS=N (the Triton projection for at most N rows; 0: always `F.linear`),
-STREAMSCRIBE_ONE_ROW_CONFIGS (launch configurations of `one_row`), STREAMSCRIBE_L2_PREFETCH=0 (no L2
-prefetch of weights before the PDL wait, whatever the configurations say).
+STREAMSCRIBE_ONE_ROW_CONFIGS (launch configurations of `one_row`).
 """
 
 from ._dispatch import HAVE_TRITON

@@ -15,20 +15,17 @@ The K loop keeps the products in a [BLOCK_N, BLOCK_K] fp32 accumulator and reduc
 the loop; the activation tiles are loaded in the weight tile's layout (no shared-memory reshuffle per
 step). The first weight tile is requested before the programmatic-dependent-launch wait (weights never
 depend on the kernel before); the others go through Triton's software pipeline (`STAGES`: cp.async
-into shared memory, STAGES - 1 tiles in flight; 1: plain loads). With a prefetch budget (the configuration's
-fifth entry, MiB), the first programs also ask L2 for all their weight rows before the wait (`l2_prefetch`).
+into shared memory, STAGES - 1 tiles in flight; 1: plain loads).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ._dispatch import pdl_launch_args
-from ._pdl_triton import l2_prefetch, pdl_prologue
+from ._pdl_triton import pdl_prologue
 
 EPI_STORE, EPI_RESIDUAL, EPI_SILU_MUL, EPI_ROPE_KV = 0, 1, 2, 3
 
@@ -56,12 +53,12 @@ def _activation(h, nw, s, rstd, NORM: tl.constexpr, HAS_SCALE: tl.constexpr):
 
 @triton.jit
 def one_row_kernel(h_ptr, w_ptr, nw_ptr, s_ptr, out_ptr, res_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr,
-                   N, K, stride_w, eps, prefetch_programs,
+                   N, K, stride_w, eps,
                    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
                    HALF: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, CACHE_BLOCK: tl.constexpr,
                    NORM: tl.constexpr, HAS_SCALE: tl.constexpr, PAIRED: tl.constexpr, EPILOGUE: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_POW2: tl.constexpr, STAGES: tl.constexpr,
-                   USE_GDC: tl.constexpr, PREFETCH: tl.constexpr, ELSIZE: tl.constexpr):
+                   USE_GDC: tl.constexpr):
     pid = tl.program_id(0)
     j = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output features (PAIRED: pairs of rows)
     rk = tl.arange(0, BLOCK_K)
@@ -76,15 +73,6 @@ def one_row_kernel(h_ptr, w_ptr, nw_ptr, s_ptr, out_ptr, res_ptr, cos_ptr, sin_p
         i = j
         rows1 = j
     w1_rows = w_ptr + rows1.to(tl.int64)[:, None] * stride_w
-    if PREFETCH:  # the first `prefetch_programs` programs (the ones resident early) ask L2 for all their rows
-        if pid < prefetch_programs:
-            first = pid * BLOCK_N
-            if PAIRED:
-                first = group * (2 * HALF) + first - group * HALF
-            span = ((tl.minimum(N - pid * BLOCK_N, BLOCK_N) - 1) * stride_w + K) * ELSIZE // 16 * 16
-            l2_prefetch(w_ptr + first.to(tl.int64) * stride_w, span)
-            if PAIRED:
-                l2_prefetch(w_ptr + (first + HALF).to(tl.int64) * stride_w, span)
     w_mask = n_in[:, None] & (rk[None, :] < K)
     # the weights and the norm weight never depend on the kernel before: requested before the wait (the delay
     # scale may be a step's own result, so it is read after it)
@@ -161,7 +149,7 @@ def one_row_kernel(h_ptr, w_ptr, nw_ptr, s_ptr, out_ptr, res_ptr, cos_ptr, sin_p
             tl.store(base + HALF + i, o2.to(kc_ptr.dtype.element_ty), mask=keep)
 
 
-def launch(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, epilogue: int, config: tuple[int, int, int, int, int],
+def launch(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, epilogue: int, config: tuple[int, int, int, int],
            norm_weight: torch.Tensor | None = None, eps: float = 0.0, scale: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, half: int = 1, cos: torch.Tensor | None = None,
            sin: torch.Tensor | None = None, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
@@ -170,12 +158,7 @@ def launch(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, epilogue: int
     k = h.shape[0]
     paired = epilogue in (EPI_SILU_MUL, EPI_ROPE_KV)
     n = w.shape[0] // 2 if paired else w.shape[0]  # outputs (pairs of rows when paired)
-    block_n, block_k, warps, stages, prefetch_mib = config
-    # the bulk L2 prefetch (sm_90) needs 16-byte aligned rows; it is a hint, so anything else runs without it
-    elsize = w.element_size()
-    per_program = block_n * (2 if paired else 1) * w.stride(0) * elsize
-    prefetch = (prefetch_mib > 0 and os.environ.get("STREAMSCRIBE_L2_PREFETCH", "1") != "0" and w.is_cuda and torch.cuda.get_device_capability(w.device)[0] >= 9
-                and w.data_ptr() % 16 == 0 and (w.stride(0) * elsize) % 16 == 0)
+    block_n, block_k, warps, stages = config
     dummy = h  # any valid pointer for the arguments this specialisation never reads
     if k_cache is not None and v_cache is not None:
         kc, vc, cache_strides, cache_block = k_cache, v_cache, (*k_cache.stride()[:3], *v_cache.stride()[:3]), k_cache.shape[1]
@@ -185,8 +168,8 @@ def launch(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, epilogue: int
         h, w, norm_weight if norm_weight is not None else dummy, scale if scale is not None else dummy, out,
         residual if residual is not None else dummy, cos if cos is not None else dummy,
         sin if sin is not None else dummy, kc, vc, slot if slot is not None else dummy,
-        n, k, w.stride(0), float(eps), (prefetch_mib << 20) // per_program if prefetch else 0, *cache_strides,
+        n, k, w.stride(0), float(eps), *cache_strides,
         HALF=half, HQ=heads[0], HKV=heads[1], CACHE_BLOCK=cache_block,
         NORM=norm_weight is not None, HAS_SCALE=scale is not None, PAIRED=paired, EPILOGUE=epilogue,
-        BLOCK_N=block_n, BLOCK_K=block_k, K_POW2=triton.next_power_of_2(k), STAGES=stages,
-        num_warps=warps, num_stages=stages, PREFETCH=prefetch, ELSIZE=elsize, **pdl_launch_args(h.device))
+        BLOCK_N=block_n, BLOCK_K=block_k, K_POW2=triton.next_power_of_2(k), STAGES=stages, num_warps=warps,
+        num_stages=stages, **pdl_launch_args(h.device))

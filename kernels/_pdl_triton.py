@@ -18,15 +18,3 @@ def pdl_prologue(USE_GDC: tl.constexpr):
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def l2_prefetch(ptr, nbytes):
-    """Ask L2 for `nbytes` bytes from `ptr` (16-byte aligned, a multiple of 16; sm_90's bulk prefetch, one
-    instruction issued by thread 0 of the program). Only a hint: nothing waits for it and nothing depends
-    on it. Programs that call it before `pdl_prologue` keep DRAM busy with their weights while the kernel
-    before them drains, where one tile requested before the wait covers only the start of a program's rows."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [tl.cast(ptr, tl.int64), nbytes], dtype=tl.int32, is_pure=False, pack=1)

@@ -36,16 +36,14 @@ from ._dispatch import use_triton
 from .fused_ops import add_rms_norm_reference, rope_reference
 from .paged_attention import write_kv_reference
 
-# (BLOCK_N, BLOCK_K, warps, pipeline stages, L2 prefetch budget in MiB) per operation; BLOCK_N counts outputs
-# (pairs of rows for the paired ones). The fastest of `benchmarks/bench_one_row.py`'s sweep on one H200
-# (twenty-fifth session, docs/benchmarks.md): wide K tiles in plain loads beat the cp.async pipeline, and the
-# L2 prefetch gained at most 2% on any operation and nothing on a layer
-Config = tuple[int, int, int, int, int]
-CONFIGS: dict[str, Config] = {
-    "qkv": (4, 512, 2, 1, 0),
-    "residual": (8, 1024, 4, 1, 0),
-    "gate_up": (8, 512, 4, 1, 0),
-    "head": (16, 256, 8, 1, 0),
+# (BLOCK_N, BLOCK_K, warps, pipeline stages) per operation; BLOCK_N counts outputs (pairs of rows for the
+# paired ones). The fastest of `benchmarks/bench_one_row.py`'s sweep on one H200 (twenty-fifth session,
+# docs/benchmarks.md): wide K tiles in plain loads (1 stage) beat the cp.async pipeline
+CONFIGS: dict[str, tuple[int, int, int, int]] = {
+    "qkv": (4, 512, 2, 1),
+    "residual": (8, 1024, 4, 1),
+    "gate_up": (8, 512, 4, 1),
+    "head": (16, 256, 8, 1),
 }
 
 
@@ -55,28 +53,29 @@ def _takes_kernel(backend: str, *tensors: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
-def launch_configs() -> dict[str, Config]:
+def launch_configs() -> dict[str, tuple[int, int, int, int]]:
     """CONFIGS, updated with the JSON object in STREAMSCRIBE_ONE_ROW_CONFIGS (benchmarks try others; read at
-    launch, so at graph capture). A given configuration has 4 entries (no prefetch) or 5."""
+    launch, so at graph capture)."""
     text = os.environ.get("STREAMSCRIBE_ONE_ROW_CONFIGS")
     if not text:
         return CONFIGS
     try:
         given = {k: tuple(int(x) for x in v) for k, v in json.loads(text).items()}
     except (ValueError, TypeError, AttributeError) as e:
-        raise ValueError(f"STREAMSCRIBE_ONE_ROW_CONFIGS must be a JSON object of [BLOCK_N, BLOCK_K, warps, stages"
-                         f"(, prefetch MiB)], got {text!r}") from e
-    bad = [k for k, v in given.items() if k not in CONFIGS or len(v) not in (4, 5) or min(v[:4]) < 1 or min(v) < 0]
+        raise ValueError(f"STREAMSCRIBE_ONE_ROW_CONFIGS must be a JSON object of [BLOCK_N, BLOCK_K, warps, stages], "
+                         f"got {text!r}") from e
+    bad = [k for k, v in given.items() if k not in CONFIGS or len(v) != 4 or min(v) < 1]
     if bad:
         raise ValueError(f"STREAMSCRIBE_ONE_ROW_CONFIGS: unknown operations or bad configs {bad}")
-    return {**CONFIGS, **{k: (*v, 0) if len(v) == 4 else v for k, v in given.items()}}
+    return {**CONFIGS, **given}
 
 
 def fused_gate_up() -> bool:
-    """Whether the one-row LM path takes `norm_gate_up_silu` (default) or the unfused layer's norm, projection
-    and SiLU·mul kernels for the MLP input (STREAMSCRIBE_ONE_ROW_GATE_UP=0; read at launch, so at graph
-    capture): the fused gate/up is the one operation of the four that the sweep found far from its bytes."""
-    return os.environ.get("STREAMSCRIBE_ONE_ROW_GATE_UP", "1") != "0"
+    """Whether the one-row LM path takes `norm_gate_up_silu` (STREAMSCRIBE_ONE_ROW_GATE_UP=1) or, by default,
+    the unfused layer's norm, projection and SiLU·mul kernels for the MLP (read at launch, so at graph
+    capture). On an H200 the fused gate/up ran at 1.6x its bytes against the tensor-core projection's 1.1x,
+    more than the two kernels it saves (docs/benchmarks.md, twenty-fifth session)."""
+    return os.environ.get("STREAMSCRIBE_ONE_ROW_GATE_UP", "0") == "1"
 
 
 def _check(name: str, h: torch.Tensor, w: torch.Tensor, rows: int | None = None) -> None:
@@ -99,7 +98,7 @@ def _normed(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, scale: torch
     return add_rms_norm_reference(h, None, norm_weight, eps, scale)[0]
 
 
-def _config_fits(config: Config, half: int) -> Config:
+def _config_fits(config: tuple[int, int, int, int], half: int) -> tuple[int, int, int, int]:
     """Paired programs must stay inside one group of rows: the largest BLOCK_N <= the tuned one dividing `half`."""
     bn = config[0]
     while bn > 1 and half % bn:

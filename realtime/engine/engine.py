@@ -293,8 +293,30 @@ class BatchedEngine:
         t0 = time.perf_counter()
         mpt = self.config.streaming.mel_frames_per_token
         try:
-            with self.runner.on_lm_stream():
-                host, queued = self._queue_step(plan.decode, mpt)
+            if self.speculator is not None:
+                ids = self.speculator.step(plan.decode)  # look-ahead encoding, drafts, verify
+            else:
+                need_audio = [s for s in plan.decode if s.audio_done <= s.lm_pos]
+                if need_audio:
+                    self.runner.encode_step(need_audio)
+                ids = self.runner.decode_step(plan.decode)
+            # the one device -> host transfer of the step, queued now: the host later waits for it alone
+            queued = self.runner.fence.mark()
+            self._token_copy.start(ids)
+            if self.opts.encode_ahead:
+                # the next step's audio, where it has arrived, is encoded now, queued behind this step: its
+                # host work overlaps the device, the tokens do not wait for it, and the next step has none.
+                # Queued as an ahead call (`ModelRunner.on_encoder_stream`): where the runner has an encoder
+                # stream (CUDA, not speculating) it runs beside this step, writing ring rows of later
+                # positions than this step reads.
+                if self.speculator is not None:
+                    self.speculator.look_ahead_next()
+                else:
+                    ahead = [s for s in plan.decode if s.audio_done == s.lm_pos + 1 <= s.last_position()
+                             and s.audio_tokens_ready(mpt)]
+                    if ahead:
+                        self.runner.encode_step(ahead, ahead=True)
+            host = self._token_copy.wait()
             self.runner.fence.passed(queued)  # the staging copies queued before the tokens have run
         except Exception as exc:  # a failing step fails its streams, never the engine
             logger.exception("engine step failed")
@@ -328,34 +350,6 @@ class BatchedEngine:
             if s.is_finished() and not s.done:
                 self._end_stream(s)
         return True
-
-    def _queue_step(self, decode: list[EngineStream], mpt: int) -> tuple[list[int], int]:
-        """A step's device work (on the LM's stream: `ModelRunner.on_lm_stream`) and the wait for its tokens:
-        (the tokens, the fence ticket of the staging copies queued before them)."""
-        if self.speculator is not None:
-            ids = self.speculator.step(decode)  # look-ahead encoding, drafts, verify
-        else:
-            need_audio = [s for s in decode if s.audio_done <= s.lm_pos]
-            if need_audio:
-                self.runner.encode_step(need_audio)
-            ids = self.runner.decode_step(decode)
-        # the one device -> host transfer of the step, queued now: the host later waits for it alone
-        queued = self.runner.fence.mark()
-        self._token_copy.start(ids)
-        if self.opts.encode_ahead:
-            # the next step's audio, where it has arrived, is encoded now, queued behind this step: its
-            # host work overlaps the device, the tokens do not wait for it, and the next step has none.
-            # Queued as an ahead call (`ModelRunner.on_encoder_stream`): where the runner has an encoder
-            # stream (CUDA, not speculating) it runs beside this step, writing ring rows of later
-            # positions than this step reads.
-            if self.speculator is not None:
-                self.speculator.look_ahead_next()
-            else:
-                ahead = [s for s in decode if s.audio_done == s.lm_pos + 1 <= s.last_position()
-                         and s.audio_tokens_ready(mpt)]
-                if ahead:
-                    self.runner.encode_step(ahead, ahead=True)
-        return self._token_copy.wait(), queued
 
     def _emit_token(self, s: EngineStream, tok: int) -> None:
         c = self.config

@@ -53,14 +53,10 @@ class RunnerOptions:
     # small batches, and side by side they hide part of each other's fixed per-kernel costs. Outputs
     # are the same as with one stream (the same kernels on the same inputs)
     encoder_stream: bool = True
-    # CUDA with an encoder stream: a step's LM work runs on a high-priority CUDA stream (`on_lm_stream`).
-    # At small batches the LM chain is the step's critical path; when the block scheduler has a choice
-    # it starts the LM's blocks first and the encoder's fill the SMs that are left
-    lm_stream_priority: bool = True
-    # steps of ONE stream run the LM through the fused one-row kernels (`kernels.one_row`: 6 kernels a layer
-    # instead of 11). Opt-in until its GPU run (benchmarks/gpu_one_row.sh) has timed and checked it: None
-    # takes it on CUDA in fp16/bf16 only with STREAMSCRIBE_ONE_ROW=1; True forces it (on the CPU the
-    # references run, equal to the unfused path bit for bit); False: never
+    # steps of ONE stream run the LM through the fused one-row kernels (`kernels.one_row`: 8 kernels a layer
+    # instead of 11; B1 on an H200 0.13-0.2 ms faster, docs/benchmarks.md). None: on CUDA in fp16/bf16 unless
+    # STREAMSCRIBE_ONE_ROW=0; True forces it (on the CPU the references run, equal to the unfused path bit
+    # for bit); False: never
     one_row_decode: bool | None = None
 
 
@@ -145,9 +141,6 @@ class ModelRunner:
         # the encoder's CUDA stream (`on_encoder_stream`); None: encoder work is queued like the rest
         self.enc_stream = torch.cuda.Stream(dev) if opts.encoder_stream and dev.type == "cuda" else None
         self._enc_done = torch.cuda.Event() if self.enc_stream is not None else None
-        # the LM's stream (`on_lm_stream`); a priority beyond the device's range maps to its highest
-        self.lm_stream = (torch.cuda.Stream(dev, priority=-100) if self.enc_stream is not None
-                          and opts.lm_stream_priority else None)
         self._enc_pending = False  # an ahead encoder call the main stream has not waited for yet
         self._enc_waits_main = False  # main-stream writes (admission) the encoder stream must wait for
         self.one_row_decode = self._wants_one_row_decode()
@@ -171,7 +164,7 @@ class ModelRunner:
             return False
         if choice is None:
             return (self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
-                    and os.environ.get("STREAMSCRIBE_ONE_ROW", "0") == "1")
+                    and os.environ.get("STREAMSCRIBE_ONE_ROW", "1") != "0")
         return True
 
     # -- admission -----------------------------------------------------------------------------
@@ -222,22 +215,6 @@ class ModelRunner:
         else:
             main.wait_event(self._enc_done)
             self._enc_pending = False
-
-    @contextmanager
-    def on_lm_stream(self) -> Iterator[None]:
-        """Queue the block's work (a step: LM, its encoder calls, the token copy) on the LM's high-priority
-        stream (`RunnerOptions.lm_stream_priority`); elsewhere as usual. The stream waits for the work
-        queued before the block (admissions, releases) and the caller's stream waits for the block's, so
-        the order of everything outside is as with one stream. The graphs are replayed into it: a graph
-        runs at the priority of the stream it is launched into."""
-        if self.lm_stream is None:
-            yield
-            return
-        outer = torch.cuda.current_stream(self.device)
-        self.lm_stream.wait_stream(outer)
-        with torch.cuda.stream(self.lm_stream):
-            yield
-        outer.wait_stream(self.lm_stream)
 
     def encoder_after_admissions(self) -> None:
         """The encoder's stream waits for the main-stream writes of admissions so far (zeroed conv states,
