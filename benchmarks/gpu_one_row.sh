@@ -29,6 +29,6 @@ best=$(grep '^BEST_CONFIGS ' "$out/one_row.log" | tail -1 | cut -d' ' -f2-)
 if [ -n "$best" ]; then export STREAMSCRIBE_ONE_ROW_CONFIGS="$best"; fi
 echo "configs: ${STREAMSCRIBE_ONE_ROW_CONFIGS:-defaults}"
 PYTHONUNBUFFERED=1 timeout "${4:-300}" python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1 \
-  --modes serial,ahead_encoder_stream,lm_only,encoder_only --variants skinny_pdl,one_row,one_row_no_prefetch --out "$out/b1.json" > "$out/b1.log" 2>&1
+  --modes serial,ahead_encoder_stream,lm_only,encoder_only --variants skinny_pdl,one_row,one_row_fused_gate_up --out "$out/b1.json" > "$out/b1.log" 2>&1
 echo "b1 rc=$?"
 grep -E "bench_encoder_overlap: |Error|error" "$out/b1.log" | tail -4

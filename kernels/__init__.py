@@ -12,8 +12,9 @@ macOS) the torch references still work.
 - `fused_ops`: residual add + RMS norm (+ delay scale), RoPE for q and k, SiLU·mul.
 - `linear`: projections of 1-16 rows in one launch (batch 1's step), `F.linear` otherwise.
 - `one_row`: an LM layer's projections for ONE row with their neighbours folded in (norm + qkv + RoPE +
-  KV write, o + residual, norm + gate/up + SiLU·mul, down + residual, final norm + head): 6 kernels a
-  layer instead of 11 (the engine's opt-in one-row decode, STREAMSCRIBE_ONE_ROW=1).
+  KV write, o + residual, norm + gate/up + SiLU·mul, down + residual, final norm + head): the engine's
+  batch-1 LM step on CUDA (8 kernels a layer instead of 11: its gate/up stays unfused by default,
+  STREAMSCRIBE_ONE_ROW_GATE_UP=1 fuses it; STREAMSCRIBE_ONE_ROW=0 turns the path off).
 
 The dispatching functions take `backend="auto" | "triton" | "torch"`: "auto" runs Triton on CUDA
 tensors and the reference elsewhere; "triton" on CPU tensors works only under the Triton interpreter

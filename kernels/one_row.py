@@ -4,7 +4,7 @@ At batch 1 an LM layer is a chain of dependent kernels that each pay a fixed cos
 microseconds (fill, drain, the wait for the previous kernel), so the number of kernels per layer sets
 much of the step time. These four operations fold the element-wise kernels around a projection into
 it, which takes an LM layer from 11 kernels (norm, qkv, RoPE, KV write, attention, split combine, o,
-norm, gate/up, SiLU·mul, down) to 6:
+norm, gate/up, SiLU·mul, down) to 6 (8 as the engine runs it by default: `fused_gate_up`):
 
 - `norm_qkv_rope_kv(h, ...)`: q = RoPE(Wq a), and RoPE(Wk a), Wv a written into their paged-cache
   slot, for a = nw * rms_norm(h);

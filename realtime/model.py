@@ -345,7 +345,8 @@ class LanguageModel(nn.Module):
 
     def forward_one_row(self, inputs_embeds: torch.Tensor, position: torch.Tensor, ada_scales: torch.Tensor,
                         backend: SupportsFusedKVWrite) -> torch.Tensor:
-        """`forward` for ONE row through the fused one-row kernels (`kernels.one_row`, 6 kernels a layer):
+        """`forward` for ONE row through the fused one-row kernels (`kernels.one_row`, 8 kernels a layer; 6 with
+        the gate/up fused too, `one_row.fused_gate_up`):
         inputs_embeds [H], position [1], ada_scales [L, H] -> the residual stream after the last layer [H]
         (the final norm is left to the head, `VoxtralRealtime.one_row_logits`). Needs the fused
         projections of `VoxtralRealtime.fuse_projections`."""
