@@ -10,7 +10,8 @@ run, on the same model and batch:
   encoder queued after the LM launch, behind it; the tokens do not wait for it);
 - `ahead_encoder_stream`: the same order, the encoder on its own stream (the engine's default);
 - `lm_only` / `encoder_only`: the LM step / the encoder step alone, on the same positions: the lengths of
-  the two chains that `ahead_encoder_stream` runs side by side.
+  the two chains that `ahead_encoder_stream` runs side by side; `encoder_only_own_stream`: the encoder step alone
+  on the encoder's stream (with `encoder_sms_N`, on its N SMs).
 
     python benchmarks/bench_encoder_overlap.py --model DIR [--counts 1,64,256] [--steps 200] --out F.json \
         [--modes serial,ahead_encoder_stream] [--variants cublas,skinny_pdl]
@@ -20,7 +21,8 @@ while a variant's runners capture and replay their graphs): `cublas` (F.linear, 
 dependent launch: the code before the twenty-third session), `pdl` (PDL on the Triton kernels only),
 `skinny` (few-row Triton projections, no PDL), `skinny_pdl` (both: the twenty-third session's default),
 `one_row` (and the fused one-row LM kernels of `kernels.one_row` at batch 1: the default since the
-twenty-fifth session), `one_row_fused_gate_up` (with the gate/up fused too, STREAMSCRIBE_ONE_ROW_GATE_UP=1).
+twenty-fifth session), `one_row_fused_gate_up` (with the gate/up fused too, STREAMSCRIBE_ONE_ROW_GATE_UP=1), `encoder_sms_N` (the
+default kernels, the encoder confined to a green context of N SMs: STREAMSCRIBE_ENCODER_SMS).
 
 Drives `ModelRunner` directly (graphs on) through `bench_engine.SyntheticStreams`, at a session age of
 one minute. DIR without a checkpoint gets the full-size random one (`gpu_model_parity.build_checkpoint`).
@@ -61,6 +63,8 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "one_row": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1"},
     "one_row_fused_gate_up": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1",
                               "STREAMSCRIBE_ONE_ROW_GATE_UP": "1"},
+    # the default kernels, the encoder's stream in a green context of N SMs (`RunnerOptions.encoder_sms`)
+    **{f"encoder_sms_{n}": {"STREAMSCRIBE_ENCODER_SMS": str(n)} for n in (16, 32, 48, 64, 96)},
 }
 
 MODES = {  # name: (the runner's encoder stream, encode ahead, the parts of a step run)
@@ -69,6 +73,7 @@ MODES = {  # name: (the runner's encoder stream, encode ahead, the parts of a st
     "ahead_encoder_stream": (True, True, "both"),
     "lm_only": (False, False, "lm"),  # the LM step alone: the chain that the encoder's stream runs beside
     "encoder_only": (False, False, "encoder"),
+    "encoder_only_own_stream": (True, False, "encoder"),  # the same on the encoder's stream (its SMs: encoder_sms_N)
 }
 
 

@@ -8,16 +8,10 @@
 #      (`skinny_pdl`) against the one-row path (`one_row`), both step orders and each part alone (LM, encoder),
 #      alternated in one run.
 #   bash benchmarks/gpu_one_row.sh OUT [TEST_S SWEEP_S B1_S]
-# The full-size checkpoint's tokenizer is built from mistral-common's bundled vocabulary, which the GPU machine
-# lacks: bring its wheel (python3 -m pip download --no-deps --only-binary=:all: -d .whl_gpu mistral-common==1.13.1)
-# and carry .whl_gpu; this script installs what it finds there.
+# Carry .whl_gpu (benchmarks/gpu_setup.sh says what it holds).
 set -u
 out=${1:?out dir}
-if ls .whl_gpu/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_gpu/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD
-fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
+source benchmarks/gpu_setup.sh "$out"
 timeout "${2:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_one_row.py tests/test_engine.py \
   tests/test_linear.py tests/test_fused_ops.py tests/test_kernels.py > "$out/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$?" | tee -a "$out/gpu_tests.txt"

@@ -6,15 +6,10 @@
 #      (`one_row`), in the engine's order and the LM alone;
 #   3. the same on the full-size random checkpoint (built on the spot).
 #   bash benchmarks/gpu_one_row_default.sh OUT [TEST_S SMALL_S FULL_S]
-# The full-size checkpoint's tokenizer is built from mistral-common's bundled vocabulary, which the GPU machine
-# lacks: carry its wheel in .whl_gpu (see gpu_one_row.sh).
+# Carry .whl_gpu (benchmarks/gpu_setup.sh says what it holds).
 set -u
 out=${1:?out dir}
-if ls .whl_gpu/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_gpu/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD
-fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
+source benchmarks/gpu_setup.sh "$out"
 timeout "${2:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_engine.py tests/test_one_row.py \
   > "$out/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$?" | tee -a "$out/gpu_tests.txt"

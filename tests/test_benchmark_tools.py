@@ -187,7 +187,9 @@ def test_encoder_overlap_benchmark_refuses_unknown_modes_and_variants(monkeypatc
         with pytest.raises(SystemExit):
             beo.main()
         assert "unknown mode or variant" in capsys.readouterr().err
-    assert set(beo.MODES) == {"serial", "ahead_one_stream", "ahead_encoder_stream", "lm_only", "encoder_only"}
+    assert set(beo.MODES) == {"serial", "ahead_one_stream", "ahead_encoder_stream", "lm_only", "encoder_only",
+                              "encoder_only_own_stream"}
+    assert beo.VARIANTS["encoder_sms_32"] == {"STREAMSCRIBE_ENCODER_SMS": "32"}
     assert beo.VARIANTS["cublas"] == {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "0", "STREAMSCRIBE_ONE_ROW": "0"}
     assert beo.VARIANTS["one_row"]["STREAMSCRIBE_ONE_ROW"] == "1"
     assert beo.VARIANTS["default"] == {}

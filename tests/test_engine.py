@@ -97,11 +97,13 @@ def test_sixteen_streams_join_and_leave(tiny_ckpt, small_windows):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("cuda_graphs", "encoder_stream"), [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize(("cuda_graphs", "encoder_stream"), [(True, True), (False, True), (True, False), (True, 8),
+                                                             (False, 8)])
 @pytest.mark.parametrize("small_windows", [False, True])
 def test_sixteen_streams_on_gpu(tiny_ckpt, small_windows, cuda_graphs, encoder_stream):
     """The CPU scenario on CUDA, with graphs and eager, the encoder on its own stream (the next token's
-    encoder beside the LM step: a missing wait would show as other tokens) and on the main stream."""
+    encoder beside the LM step: a missing wait would show as other tokens), on one in a green context of 8
+    SMs (`encoder_sms`) and on the main stream."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -110,7 +112,28 @@ def test_sixteen_streams_on_gpu(tiny_ckpt, small_windows, cuda_graphs, encoder_s
     model, _ = load_model(path, device="cuda")
     run_join_leave_scenario(model, load_tokenizer(path),
                             RunnerOptions(max_streams=12, max_batch=8, block_size=16, cuda_graphs=cuda_graphs,
-                                          encoder_stream=encoder_stream))
+                                          encoder_stream=bool(encoder_stream),
+                                          encoder_sms=None if isinstance(encoder_stream, bool) else encoder_stream))
+
+
+@pytest.mark.gpu
+def test_encoder_sms_is_checked(tiny_ckpt, monkeypatch):
+    """A green context for the encoder gets a stream of its own; impossible SM counts are refused with the
+    option's name, from the option and from STREAMSCRIBE_ENCODER_SMS."""
+    import torch
+
+    from realtime.engine.model_runner import ModelRunner
+
+    model, _ = load_model(tiny_ckpt(seed=1), device="cuda")
+    runner = ModelRunner(model, RunnerOptions(max_streams=2, max_batch=2, encoder_sms=8))
+    assert runner.enc_green is not None and isinstance(runner.enc_stream, torch.cuda.Stream)
+    assert runner.enc_stream != torch.cuda.current_stream()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    with pytest.raises(ValueError, match="encoder_sms must be in"):
+        ModelRunner(model, RunnerOptions(max_streams=2, max_batch=2, encoder_sms=sms + 1))
+    monkeypatch.setenv("STREAMSCRIBE_ENCODER_SMS", "many")
+    with pytest.raises(ValueError, match="STREAMSCRIBE_ENCODER_SMS"):
+        ModelRunner(model, RunnerOptions(max_streams=2, max_batch=2))
 
 
 @pytest.mark.parametrize(("small_windows", "fused_gate_up"), [(False, "0"), (True, "0"), (True, "1")])

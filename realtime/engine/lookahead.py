@@ -82,8 +82,12 @@ class LookaheadEncoder:
         self.graphs: dict[int, DecodeGraphRunner] = {}
         if runner.opts.cuda_graphs and dev.type == "cuda":
             # with an encoder stream these graphs run beside the LM's: captured on a stream of their own,
-            # so that their GEMMs get a cuBLAS workspace of their own (`DecodeGraphRunner.capture_stream`)
-            capture = torch.cuda.Stream(dev) if runner.enc_stream is not None else None
+            # so that their GEMMs get a cuBLAS workspace of their own (`DecodeGraphRunner.capture_stream`). In a
+            # green context (`RunnerOptions.encoder_sms`) that is the encoder's stream itself: a kernel node keeps
+            # the context it was captured in, so only a capture there confines the replays to its SMs
+            capture = None
+            if runner.enc_stream is not None:
+                capture = runner.enc_stream if runner.enc_green is not None else torch.cuda.Stream(dev)
             for n in self.sizes:
                 g = DecodeGraphRunner(lambda bb, n=n: self._forward(n, bb), b, dev, capture)
                 g.capture()

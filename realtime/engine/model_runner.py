@@ -53,6 +53,12 @@ class RunnerOptions:
     # small batches, and side by side they hide part of each other's fixed per-kernel costs. Outputs
     # are the same as with one stream (the same kernels on the same inputs)
     encoder_stream: bool = True
+    # CUDA with an encoder stream: the encoder's kernels run in a green context of this many SMs
+    # (`torch.cuda.green_contexts`), so that they cannot spread over the SMs the LM's chain needs; the LM keeps
+    # every SM. None: STREAMSCRIBE_ENCODER_SMS if set, else all SMs. Experimental: written for B1 (the encoder
+    # beside the LM adds 0.77 ms to the LM's 2.40 ms on an H200), tested and timed on a GPU only from the next
+    # device call on (`benchmarks/gpu_encoder_sms.sh`)
+    encoder_sms: int | None = None
     # steps of ONE stream run the LM through the fused one-row kernels (`kernels.one_row`: 8 kernels a layer
     # instead of 11; B1 on an H200 0.13-0.2 ms faster, docs/benchmarks.md). None: on CUDA in fp16/bf16 unless
     # STREAMSCRIBE_ONE_ROW=0; True forces it (on the CPU the references run, equal to the unfused path bit
@@ -139,7 +145,8 @@ class ModelRunner:
         }, dev, self.fence)
         self.inputs_embeds = torch.zeros(b, c.decoder.hidden_size, device=dev, dtype=dt)
         # the encoder's CUDA stream (`on_encoder_stream`); None: encoder work is queued like the rest
-        self.enc_stream = torch.cuda.Stream(dev) if opts.encoder_stream and dev.type == "cuda" else None
+        self.enc_green: object | None = None  # the encoder's green context (`RunnerOptions.encoder_sms`)
+        self.enc_stream = self._encoder_stream(opts) if opts.encoder_stream and dev.type == "cuda" else None
         self._enc_done = torch.cuda.Event() if self.enc_stream is not None else None
         self._enc_pending = False  # an ahead encoder call the main stream has not waited for yet
         self._enc_waits_main = False  # main-stream writes (admission) the encoder stream must wait for
@@ -157,6 +164,33 @@ class ModelRunner:
             # time than a graph replay, and the LM graphs stay captured on dummy input buffers
             self.input_graphs = DecodeGraphRunner(self._merge_inputs, opts.max_batch, dev)
             self.input_graphs.capture()
+
+    def _encoder_stream(self, opts: RunnerOptions) -> torch.cuda.Stream:
+        """The encoder's CUDA stream: an ordinary one, or one of a green context of `encoder_sms` SMs."""
+        sms = opts.encoder_sms
+        if sms is None and os.environ.get("STREAMSCRIBE_ENCODER_SMS"):
+            try:
+                sms = int(os.environ["STREAMSCRIBE_ENCODER_SMS"])
+            except ValueError:
+                raise ValueError(f"STREAMSCRIBE_ENCODER_SMS must be a number of SMs, got "
+                                 f"{os.environ['STREAMSCRIBE_ENCODER_SMS']!r}") from None
+        if sms is None:
+            return torch.cuda.Stream(self.device)
+        total = torch.cuda.get_device_properties(self.device).multi_processor_count
+        if not 1 <= sms <= total:
+            raise ValueError(f"encoder_sms must be in 1..{total} (this GPU's SMs), got {sms}")
+        from torch.cuda import green_contexts
+
+        if not green_contexts.SUPPORTED:
+            raise RuntimeError("encoder_sms needs CUDA green contexts, which this PyTorch build lacks")
+        # kept alive with the runner: its stream belongs to it
+        self.enc_green = green_contexts.GreenContext.create(
+            sms, self.device.index if self.device.index is not None else torch.cuda.current_device())
+        s = self.enc_green.Stream()
+        logger.info("encoder stream in a green context of %d of %d SMs", sms, total)
+        if isinstance(s, torch.cuda.Stream):
+            return s
+        return torch.cuda.Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
 
     def _wants_one_row_decode(self) -> bool:
         model, choice = self.model, self.opts.one_row_decode
