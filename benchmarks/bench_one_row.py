@@ -20,6 +20,11 @@ The floor of each row is its weight bytes over the copy bandwidth measured in th
 
 needs no GPU: it compiles every configuration for sm_90 with Triton's bundled ptxas and reports registers,
 spill stack and the SASS loads (16-byte loads, cp.async) of each.
+
+    ncu ... python benchmarks/bench_one_row.py --profile gate_up [--rounds 4]
+
+runs one operation (or `gate_up_unfused`, the engine's default for it) eagerly over every layer, for a profiler
+(`benchmarks/gpu_ncu_one_row.sh`).
 """
 
 from __future__ import annotations
@@ -162,6 +167,15 @@ def unfused_layer(L: Layer, x: Inputs) -> None:
     linear(silu_mul(linear(h2, L.gate_up)), L.down)
 
 
+def unfused_gate_up_calls(layers: list[Layer], x: Inputs) -> list:
+    """The engine's default MLP input at batch 1 (norm, tensor-core projection, SiLU·mul), one call per layer."""
+    from kernels.fused_ops import add_rms_norm, silu_mul
+    from kernels.linear import linear
+
+    return [lambda L=L: silu_mul(linear(add_rms_norm(x.res, None, L.nw2, 1e-5, L.scale)[0], L.gate_up))
+            for L in layers]
+
+
 def fused_layer(L: Layer, x: Inputs) -> None:
     from kernels import one_row
 
@@ -183,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--resources", action="store_true",
                     help="only the sm_90 compiler's resource report of every configuration (no GPU needed)")
+    ap.add_argument("--profile", choices=[*OP_KERNEL, "gate_up_unfused"], default=None,
+                    help="only run one operation eagerly over every layer (--rounds times), for a profiler such as "
+                         "ncu (gate_up_unfused: the engine's default norm, projection and SiLU·mul kernels)")
+    ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args(argv)
     if args.resources:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -208,6 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     layers = [Layer(dev, g) for _ in range(args.layers)]
     heads = [(torch.randn(VOCAB, H, generator=g) / H ** 0.5).to(dev, torch.bfloat16) for _ in range(args.head_copies)]
     x = Inputs(dev, g)
+    if args.profile is not None:
+        calls = (unfused_gate_up_calls(layers, x) if args.profile == "gate_up_unfused"
+                 else op_calls(args.profile, layers, heads, x))
+        for _ in range(args.rounds):
+            for call in calls:
+                call()
+        torch.cuda.synchronize()
+        log.info("profiled %s: %d rounds of %d calls", args.profile, args.rounds, len(calls))
+        return 0
     bw = copy_bandwidth(dev)
     result: dict = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bw / 1e9, "layers": args.layers,
                     "ops": {}}

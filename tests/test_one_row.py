@@ -122,6 +122,26 @@ def test_default_configs_compile_for_sm90_without_spills():
         assert r["ldg_128"] > 0 and (r["cp_async"] > 0) == (one_row.CONFIGS[key][3] > 1), (op, r)
 
 
+def test_profiled_unfused_gate_up_is_the_fused_operation():
+    """`bench_one_row.py --profile gate_up_unfused` profiles the same arithmetic as the fused gate/up (on the CPU
+    their references agree bit for bit), so the two profiles compare like with like."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_one_row import unfused_gate_up_calls
+
+    g = torch.Generator().manual_seed(5)
+    k, inter = 48, 40
+    layers = [SimpleNamespace(nw2=1 + 0.1 * torch.randn(k, generator=g), scale=1 + 0.1 * torch.randn(k, generator=g),
+                              gate_up=torch.randn(2 * inter, k, generator=g) / k ** 0.5) for _ in range(2)]
+    x = SimpleNamespace(res=torch.randn(k, generator=g))
+    for L, call in zip(layers, unfused_gate_up_calls(layers, x)):
+        want = one_row.norm_gate_up_silu(x.res, L.nw2, 1e-5, L.scale, L.gate_up, backend="torch")
+        assert torch.equal(call(), want)
+
+
 def test_launch_configs_from_the_environment(monkeypatch):
     """STREAMSCRIBE_ONE_ROW_CONFIGS overrides some operations' configurations; anything malformed is refused
     with the variable's name."""
