@@ -62,7 +62,9 @@ class RunnerOptions:
     # steps of ONE stream run the LM through the fused one-row kernels (`kernels.one_row`: 8 kernels a layer
     # instead of 11; B1 on an H200 0.13-0.2 ms faster, docs/benchmarks.md). None: on CUDA in fp16/bf16 unless
     # STREAMSCRIBE_ONE_ROW=0; True forces it (on the CPU the references run, equal to the unfused path bit
-    # for bit); False: never
+    # for bit); False: never. Its kernels sum in another order than the multi-row projection (which gives a
+    # row the same result in any batch of up to 16 rows), so in fp16/bf16 a token at a near-tie can differ
+    # between a batch-1 step and a larger batch or a speculative verify step; fp32 is exact either way
     one_row_decode: bool | None = None
 
 
