@@ -21,8 +21,8 @@ while a variant's runners capture and replay their graphs): `cublas` (F.linear, 
 dependent launch: the code before the twenty-third session), `pdl` (PDL on the Triton kernels only),
 `skinny` (few-row Triton projections, no PDL), `skinny_pdl` (both: the twenty-third session's default),
 `one_row` (and the fused one-row LM kernels of `kernels.one_row` at batch 1: the default since the
-twenty-fifth session), `one_row_fused_gate_up` (with the gate/up fused too, STREAMSCRIBE_ONE_ROW_GATE_UP=1), `encoder_sms_N` (the
-default kernels, the encoder confined to a green context of N SMs: STREAMSCRIBE_ENCODER_SMS).
+twenty-fifth session), `one_row_fused_gate_up` (with the gate/up fused too, STREAMSCRIBE_ONE_ROW_GATE_UP=1),
+`encoder_sms_N` (the default kernels, the encoder confined to a green context of N SMs: STREAMSCRIBE_ENCODER_SMS).
 
 Drives `ModelRunner` directly (graphs on) through `bench_engine.SyntheticStreams`, at a session age of
 one minute. DIR without a checkpoint gets the full-size random one (`gpu_model_parity.build_checkpoint`).

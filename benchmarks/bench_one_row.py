@@ -46,8 +46,8 @@ log = logging.getLogger("bench_one_row")
 
 H, HQ, HKV, D, INTER, VOCAB = 3072, 32, 8, 128, 9216, 131072  # the full-size LM
 # (BLOCK_N, BLOCK_K, warps, pipeline stages); configurations the sm_90 compiler spills are skipped
-GRID = [(bn, bk, w, st) for bn, bk, w in ((4, 256, 2), (8, 256, 4), (16, 256, 4), (16, 256, 8), (8, 512, 4), (32, 256, 8),
-                                             (4, 512, 2), (8, 1024, 4))
+GRID = [(bn, bk, w, st) for bn, bk, w in ((4, 256, 2), (8, 256, 4), (16, 256, 4), (16, 256, 8), (8, 512, 4),
+                                          (32, 256, 8), (4, 512, 2), (8, 1024, 4))
         for st in (1, 2, 3, 4)]
 # what each operation launches (one_row_kernel's constexprs) at the full-size shapes: (epilogue, K, HALF)
 OP_KERNEL = {"qkv": (3, H, D // 2), "o": (1, HQ * D, 1), "gate_up": (2, H, INTER), "down": (1, INTER, 1),

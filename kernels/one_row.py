@@ -173,7 +173,8 @@ def norm_gate_up_silu(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, sc
     from ._one_row_triton import EPI_SILU_MUL, launch
 
     out = torch.empty(inter, device=h.device, dtype=h.dtype)
-    launch(_contiguous_row(h), w_gate_up, out, epilogue=EPI_SILU_MUL, config=_config_fits(launch_configs()["gate_up"], inter),
+    launch(_contiguous_row(h), w_gate_up, out, epilogue=EPI_SILU_MUL,
+           config=_config_fits(launch_configs()["gate_up"], inter),
            norm_weight=norm_weight, eps=eps, scale=None if scale is None else _contiguous_row(scale), half=inter)
     return out
 
@@ -187,5 +188,6 @@ def norm_linear(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch
     from ._one_row_triton import EPI_STORE, launch
 
     out = torch.empty(w.shape[0], device=h.device, dtype=h.dtype)
-    launch(_contiguous_row(h), w, out, epilogue=EPI_STORE, config=launch_configs()["head"], norm_weight=norm_weight, eps=eps)
+    launch(_contiguous_row(h), w, out, epilogue=EPI_STORE, config=launch_configs()["head"], norm_weight=norm_weight,
+           eps=eps)
     return out

@@ -140,24 +140,43 @@ def test_encoder_sms_is_checked(tiny_ckpt, monkeypatch):
 def test_one_row_decode_path_equals_the_session(tiny_ckpt, small_windows, fused_gate_up, monkeypatch):
     """Steps of one stream through the fused one-row LM path (`kernels.one_row`; on the CPU their
     references) give the single-stream session's tokens exactly, for streams joining and leaving, with
-    windows exceeded many times, with the gate/up unfused (the default) and fused (STREAMSCRIBE_ONE_ROW_GATE_UP=1); the path
-    must really run (its calls are counted)."""
+    windows exceeded many times, with the gate/up unfused (the default) and fused
+    (STREAMSCRIBE_ONE_ROW_GATE_UP=1); the path and the chosen gate/up must really run (their calls are counted)."""
+    from kernels import one_row
     from realtime.model import VoxtralRealtime
 
     monkeypatch.setenv("STREAMSCRIBE_ONE_ROW_GATE_UP", fused_gate_up)
-    calls = {"n": 0}
-    one_row_logits = VoxtralRealtime.one_row_logits
+    calls = {"rows": 0, "fused_gate_up": 0}
 
-    def counted(self, *a, **k):
-        calls["n"] += 1
-        return one_row_logits(self, *a, **k)
+    def counting(name, fn):
+        def counted(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return counted
 
-    monkeypatch.setattr(VoxtralRealtime, "one_row_logits", counted)
+    monkeypatch.setattr(VoxtralRealtime, "one_row_logits", counting("rows", VoxtralRealtime.one_row_logits))
+    monkeypatch.setattr(one_row, "norm_gate_up_silu", counting("fused_gate_up", one_row.norm_gate_up_silu))
     path = tiny_ckpt(seed=1, small_windows=small_windows)
     model, _ = load_model(path)
     opts = RunnerOptions(max_streams=3, max_batch=1, block_size=4, one_row_decode=True)
     run_join_leave_scenario(model, load_tokenizer(path), opts, n=5, seed=3)
-    assert calls["n"] > 100
+    assert calls["rows"] > 100
+    layers = model.config.decoder.num_layers
+    assert calls["fused_gate_up"] == (calls["rows"] * layers if fused_gate_up == "1" else 0)
+
+
+def test_one_row_path_is_the_default_on_cuda_in_half_precision_only(monkeypatch):
+    """`one_row_decode=None` takes the one-row path for CUDA fp16/bf16 only; STREAMSCRIBE_ONE_ROW=0 turns it off."""
+    import torch
+
+    from realtime.engine.model_runner import one_row_by_default
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.delenv("STREAMSCRIBE_ONE_ROW", raising=False)
+    assert one_row_by_default(cuda, torch.bfloat16) and one_row_by_default(cuda, torch.float16)
+    assert not one_row_by_default(cuda, torch.float32) and not one_row_by_default(cpu, torch.bfloat16)
+    monkeypatch.setenv("STREAMSCRIBE_ONE_ROW", "0")
+    assert not one_row_by_default(cuda, torch.bfloat16)
 
 
 def test_one_row_decode_needs_a_backend_that_declares_fused_kv_writes(tiny_ckpt):
@@ -204,11 +223,11 @@ def test_one_row_decode_on_gpu_equals_the_session(tiny_ckpt, cuda_graphs, fused_
 
 @pytest.mark.gpu
 def test_one_row_decode_in_bf16_graphs_equal_eager(tiny_ckpt, monkeypatch):
-    """bf16, where STREAMSCRIBE_ONE_ROW=1 makes the engine take the one-row path at batch 1: replayed
-    graphs give the eager path's tokens (the same kernels), and the path was the one-row one."""
+    """bf16, where the engine takes the one-row path at batch 1 by default: replayed graphs give the eager
+    path's tokens (the same kernels), and the path was the one-row one."""
     import torch
 
-    monkeypatch.setenv("STREAMSCRIBE_ONE_ROW", "1")
+    monkeypatch.delenv("STREAMSCRIBE_ONE_ROW", raising=False)
     path = tiny_ckpt(seed=1)
     model, _ = load_model(path, device="cuda", dtype=torch.bfloat16)
     tok = load_tokenizer(path)

@@ -68,6 +68,13 @@ class RunnerOptions:
     one_row_decode: bool | None = None
 
 
+def one_row_by_default(device: torch.device, dtype: torch.dtype) -> bool:
+    """`RunnerOptions.one_row_decode=None`: the one-row path on CUDA in fp16/bf16, unless STREAMSCRIBE_ONE_ROW=0
+    (read when a runner is made)."""
+    return (device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+            and os.environ.get("STREAMSCRIBE_ONE_ROW", "1") != "0")
+
+
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
     """(encoder, LM) KV bytes one admitted stream reserves."""
     enc, lm = cache_specs(model, opts)
@@ -198,10 +205,7 @@ class ModelRunner:
         model, choice = self.model, self.opts.one_row_decode
         if choice is False or not model.supports_one_row_decode() or getattr(model, "ada_table", None) is None:
             return False
-        if choice is None:
-            return (self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
-                    and os.environ.get("STREAMSCRIBE_ONE_ROW", "1") != "0")
-        return True
+        return one_row_by_default(self.device, self.dtype) if choice is None else True
 
     # -- admission -----------------------------------------------------------------------------
     def can_admit(self) -> bool:
