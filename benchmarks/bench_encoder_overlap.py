@@ -54,6 +54,8 @@ from realtime.loader import load_model
 
 log = logging.getLogger("bench_encoder_overlap")
 
+DOT_CONFIGS = os.environ.get("BENCH_ONE_ROW_DOT_CONFIGS", json.dumps(
+    {"qkv": [16, 0, 4, 2, 1], "residual": [16, 0, 2, 3, 1], "gate_up": [16, 0, 4, 3, 1], "head": [32, 0, 4, 2, 1]}))
 VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py, kernels/_dispatch.py, model_runner)
     "default": {},
     "cublas": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "0", "STREAMSCRIBE_ONE_ROW": "0"},
@@ -63,6 +65,16 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "one_row": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1"},
     "one_row_fused_gate_up": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "1",
                               "STREAMSCRIBE_ONE_ROW_GATE_UP": "1"},
+    # the one-row path in tensor-core mode (kernels/one_row.py), with BENCH_ONE_ROW_DOT_CONFIGS (JSON, e.g.
+    # bench_one_row.py's BEST_DOT_CONFIGS line) or else the tests' configurations
+    "one_row_dot": {"STREAMSCRIBE_ONE_ROW": "1", "STREAMSCRIBE_ONE_ROW_CONFIGS": DOT_CONFIGS},
+    "one_row_dot_fused_gate_up": {"STREAMSCRIBE_ONE_ROW": "1", "STREAMSCRIBE_ONE_ROW_CONFIGS": DOT_CONFIGS,
+                                  "STREAMSCRIBE_ONE_ROW_GATE_UP": "1"},
+    # the one-row path with the head's norm and projection in tensor-core mode (the default since the twenty-sixth
+    # session; BENCH_ONE_ROW_HEAD_CONFIG, else (64, 0, 2, 3, 1)), and with the FMA head of the session before
+    "one_row_head_dot": {"STREAMSCRIBE_ONE_ROW": "1", "STREAMSCRIBE_ONE_ROW_CONFIGS": json.dumps(
+        {"head": json.loads(os.environ.get("BENCH_ONE_ROW_HEAD_CONFIG", "[64, 0, 2, 3, 1]"))})},
+    "one_row_fma_head": {"STREAMSCRIBE_ONE_ROW": "1", "STREAMSCRIBE_ONE_ROW_CONFIGS": '{"head": [16, 256, 8, 1, 0]}'},
     # the default kernels, the encoder's stream in a green context of N SMs (`RunnerOptions.encoder_sms`)
     **{f"encoder_sms_{n}": {"STREAMSCRIBE_ENCODER_SMS": str(n)} for n in (16, 32, 48, 64, 96)},
 }

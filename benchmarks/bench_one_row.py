@@ -13,7 +13,9 @@ served from L2, each chain replayed from one CUDA graph):
 2. times a whole layer's projections and element-wise kernels (attention left out: it is the same in
    both) as the engine ran them before (`unfused`: norm, qkv, RoPE, KV write, o, norm, gate/up,
    SiLU·mul, down) and fused with the best configurations;
-3. prints `BEST_CONFIGS {json}` (the value for STREAMSCRIBE_ONE_ROW_CONFIGS) as its last line.
+3. prints `BEST_CONFIGS {json}` (the value for STREAMSCRIBE_ONE_ROW_CONFIGS) as its last line, after the best of
+   each mode alone (`BEST_FMA_CONFIGS`, `BEST_DOT_CONFIGS`); a tensor-core configuration's log line and the JSON's
+   `differ_from_multi_row` count its outputs that differ from the multi-row path's (0: bit for bit).
 The floor of each row is its weight bytes over the copy bandwidth measured in the same run.
 
     python benchmarks/bench_one_row.py --resources [--out FILE.json]
@@ -45,16 +47,19 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 log = logging.getLogger("bench_one_row")
 
 H, HQ, HKV, D, INTER, VOCAB = 3072, 32, 8, 128, 9216, 131072  # the full-size LM
-# (BLOCK_N, BLOCK_K, warps, pipeline stages); configurations the sm_90 compiler spills are skipped
-GRID = [(bn, bk, w, st) for bn, bk, w in ((4, 256, 2), (8, 256, 4), (16, 256, 4), (16, 256, 8), (8, 512, 4),
-                                          (32, 256, 8), (4, 512, 2), (8, 1024, 4))
-        for st in (1, 2, 3, 4)]
+# (BLOCK_N, BLOCK_K, warps, pipeline stages, dot); configurations the sm_90 compiler spills are skipped. dot = 1: the
+# tensor-core mode; BLOCK_K 0 there is `linear`'s K tile (bit-identical to the multi-row kernel)
+GRID = ([(bn, bk, w, st, 0) for bn, bk, w in ((4, 256, 2), (8, 256, 4), (16, 256, 4), (16, 256, 8), (8, 512, 4),
+                                             (32, 256, 8), (4, 512, 2), (8, 1024, 4)) for st in (1, 2)]
+        + [(bn, 0, w, st, 1) for bn in (16, 32, 64) for w in (2, 4) for st in (1, 2, 3, 4)]
+        + [(16, 256, 2, 3, 1), (16, 512, 2, 2, 1), (32, 512, 4, 2, 1), (16, 128, 2, 4, 1)])
 # what each operation launches (one_row_kernel's constexprs) at the full-size shapes: (epilogue, K, HALF)
 OP_KERNEL = {"qkv": (3, H, D // 2), "o": (1, HQ * D, 1), "gate_up": (2, H, INTER), "down": (1, INTER, 1),
              "head": (0, H, 1)}
+OP_ROWS = {"qkv": (HQ + 2 * HKV) * D, "o": H, "gate_up": 2 * INTER, "down": H, "head": VOCAB}  # weight rows
 
 
-def resources(op: str, config: tuple[int, int, int, int]) -> dict:
+def resources(op: str, config: tuple[int, ...]) -> dict:
     """Compile `op`'s kernel for sm_90 without a GPU (Triton's bundled ptxas) and read its resource usage
     (registers, stack = spill space) and the loads its SASS holds (cuobjdump, also bundled)."""
     import re
@@ -67,8 +72,12 @@ def resources(op: str, config: tuple[int, int, int, int]) -> dict:
 
     from kernels._one_row_triton import EPI_ROPE_KV, EPI_SILU_MUL, one_row_kernel
 
+    from kernels._linear_triton import config_for
+
     epilogue, k, half = OP_KERNEL[op]
-    bn, bk, warps, stages = config
+    bn, bk, warps, stages, dot = config
+    if dot and bk == 0:
+        bk = config_for(OP_ROWS[op], k)[1]
     if epilogue in (EPI_ROPE_KV, EPI_SILU_MUL):
         while half % bn:
             bn //= 2
@@ -79,7 +88,7 @@ def resources(op: str, config: tuple[int, int, int, int]) -> dict:
     norm = op in ("qkv", "gate_up", "head")
     const = {"HALF": half, "HQ": HQ, "HKV": HKV, "CACHE_BLOCK": 16, "NORM": norm, "HAS_SCALE": op == "gate_up",
              "PAIRED": epilogue in (EPI_ROPE_KV, EPI_SILU_MUL), "EPILOGUE": epilogue, "BLOCK_N": bn, "BLOCK_K": bk,
-             "K_POW2": triton.next_power_of_2(k), "STAGES": stages, "USE_GDC": True}
+             "K_POW2": triton.next_power_of_2(k), "STAGES": stages, "DOT": bool(dot), "USE_GDC": True}
     aligned = [n for n in names if n.endswith("_ptr") or n in ("K", "stride_w")]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     compiled = triton.compile(ASTSource(one_row_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
@@ -149,6 +158,25 @@ def op_calls(op: str, layers: list[Layer], heads: list[torch.Tensor], x: Inputs,
     raise ValueError(op)
 
 
+def multi_row_result(op: str, L: "Layer", head: torch.Tensor, x: "Inputs") -> torch.Tensor:
+    """`op`'s result as the multi-row path computes it for this one row (norm kernel, `kernels.linear`,
+    element-wise kernels): what the tensor-core mode must equal bit for bit."""
+    from kernels.fused_ops import add_rms_norm, rope, silu_mul
+    from kernels.linear import linear
+
+    if op == "qkv":
+        qkv = linear(add_rms_norm(x.res, None, L.nw1, 1e-5)[0], L.qkv)
+        q, k = qkv[: HQ * D].reshape(1, 1, HQ, D), qkv[HQ * D: (HQ + HKV) * D].reshape(1, 1, HKV, D)
+        return rope(q, k, x.cos[None, None], x.sin[None, None])[0].reshape(HQ, D)
+    if op == "o":
+        return linear(x.attn, L.o) + x.res
+    if op == "gate_up":
+        return silu_mul(linear(add_rms_norm(x.res, None, L.nw2, 1e-5, L.scale)[0], L.gate_up))
+    if op == "down":
+        return linear(x.act, L.down) + x.res
+    return linear(add_rms_norm(x.res, None, L.nw1, 1e-5)[0], head)
+
+
 CONFIG_KEY = {"qkv": "qkv", "o": "residual", "gate_up": "gate_up", "down": "residual", "head": "head"}
 
 
@@ -184,10 +212,56 @@ def fused_layer(L: Layer, x: Inputs) -> None:
     one_row.linear_residual(one_row.norm_gate_up_silu(res, L.nw2, 1e-5, L.scale, L.gate_up), L.down, res)
 
 
+def engine_layer(L: Layer, x: Inputs) -> None:
+    """The layer as the engine's one-row path runs it by default (`one_row.fused_gate_up()` off): the gate/up as
+    norm, `linear` and SiLU·mul."""
+    from kernels import one_row
+    from kernels.fused_ops import add_rms_norm, silu_mul
+    from kernels.linear import linear
+
+    one_row.norm_qkv_rope_kv(x.res, L.nw1, 1e-5, L.qkv, x.cos, x.sin, x.kc, x.vc, x.slot, HQ, HKV)
+    res = one_row.linear_residual(x.attn, L.o, x.res)
+    act = silu_mul(linear(add_rms_norm(res, None, L.nw2, 1e-5, L.scale)[0], L.gate_up))
+    one_row.linear_residual(act, L.down, res)
+
+
 def op_bytes(op: str, layers: list[Layer], heads: list[torch.Tensor]) -> int:
     if op == "head":
         return sum(w.numel() * 2 for w in heads)
     return sum(getattr(L, op).numel() * 2 for L in layers)  # the op names are Layer's weight names
+
+
+# one tensor-core configuration for every operation of a layer (a PDL chain mixes them otherwise; the twenty-sixth
+# session's per-operation bests were slower together than alone)
+LAYER_GRID = [(bn, 0, w, st, 1) for bn in (16, 32, 64) for w in (2, 4) for st in (1, 2, 3)]
+
+
+def layer_sweep(layers: list[Layer], x: Inputs, bw: float, out: str | None) -> int:
+    """The fused layer and the engine's layer (gate/up unfused) for each uniform tensor-core configuration, against
+    the FMA configurations (`one_row.FMA_FALLBACK`)."""
+    from bench_skinny_gemm import finish_experiment, graph_us_per_call
+
+    from kernels import one_row
+
+    layer_bytes = sum(t.numel() * 2 for t in (layers[0].qkv, layers[0].o, layers[0].gate_up, layers[0].down))
+    result: dict = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bw / 1e9, "layers": len(layers),
+                    "floor_us": layer_bytes / bw * 1e6, "rows": {}}
+    candidates = {"fma": dict(one_row.FMA_FALLBACK)}
+    candidates.update({str(c): {k: c for k in one_row.CONFIGS} for c in LAYER_GRID})
+    for name, configs in candidates.items():
+        os.environ["STREAMSCRIBE_ONE_ROW_CONFIGS"] = json.dumps(configs)
+        row = result["rows"][name] = {
+            "fused_us": graph_us_per_call([lambda L=L: fused_layer(L, x) for L in layers]),
+            "engine_us": graph_us_per_call([lambda L=L: engine_layer(L, x) for L in layers])}
+        log.info("layer %-18s fused %.1f us, as the engine runs it %.1f us (floor %.1f)", name, row["fused_us"],
+                 row["engine_us"], result["floor_us"])
+    os.environ.pop("STREAMSCRIBE_ONE_ROW_CONFIGS")
+    dots = [n for n in candidates if n != "fma"]
+    best = min(dots, key=lambda n: result["rows"][n]["fused_us"])
+    result["best_dot"] = best
+    code = finish_experiment(result, out, 0)
+    print("BEST_LAYER_DOT_CONFIGS " + json.dumps(candidates[best]))
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="only run one operation eagerly over every layer (--rounds times), for a profiler such as "
                          "ncu (gate_up_unfused: the engine's default norm, projection and SiLU·mul kernels)")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--layer-sweep", action="store_true",
+                    help="only time whole layers (the fused layer and the engine's) for one tensor-core configuration "
+                         "given to every operation, for each of LAYER_GRID, against the FMA configurations; prints "
+                         "BEST_LAYER_DOT_CONFIGS {json}")
     args = ap.parse_args(argv)
     if args.resources:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -236,12 +314,16 @@ def main(argv: list[str] | None = None) -> int:
         log.info("profiled %s: %d rounds of %d calls", args.profile, args.rounds, len(calls))
         return 0
     bw = copy_bandwidth(dev)
+    if args.layer_sweep:
+        return layer_sweep(layers, x, bw, args.out)
     result: dict = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bw / 1e9, "layers": args.layers,
                     "ops": {}}
     failed = 0
-    timings: dict[str, dict[tuple[int, int, int, int], float]] = {}
+    timings: dict[str, dict[tuple[int, ...], float]] = {}
+    identical: dict[str, dict[str, int]] = {}  # op -> tensor-core config -> outputs that differ from multi-row
+    result["differ_from_multi_row"] = identical
 
-    def timed_config(op: str, config: tuple[int, int, int, int], want: torch.Tensor) -> float | None:
+    def timed_config(op: str, config: tuple[int, ...], want: torch.Tensor) -> float | None:
         """µs per call of `op` with `config`, after checking its result; None when it does not fit or is wrong."""
         nonlocal failed
         os.environ["STREAMSCRIBE_ONE_ROW_CONFIGS"] = json.dumps({CONFIG_KEY[op]: config})
@@ -255,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
             log.error("%s config %s: relative error %.3g", op, config, err)
             failed += 1
             return None
+        if config[4]:  # the tensor-core mode: does it round as the multi-row path does?
+            multi = multi_row_result(op, layers[0], heads[0], x).float()
+            identical.setdefault(op, {})[str(config)] = int((got != multi).sum().item())
+            log.info("%s config %s: %d of %d outputs differ from the multi-row path", op, config,
+                     identical[op][str(config)], got.numel())
         return graph_us_per_call(op_calls(op, layers, heads, x))
 
     for op in ("qkv", "o", "gate_up", "down", "head"):
@@ -272,21 +359,36 @@ def main(argv: list[str] | None = None) -> int:
                              "best_us": timed[top]}
         log.info("%-8s floor %6.1f us, best %6.1f us %s; default %s: %.1f us", op, floor_us, timed[top], top,
                  one_row.CONFIGS[key], timed.get(one_row.CONFIGS[key], float("nan")))
-    best = {CONFIG_KEY[op]: min(timings[op], key=timings[op].get) for op in ("qkv", "gate_up", "head")}
-    # one configuration serves both residual projections (o and down): the best of their sum
-    both = {c: timings["o"][c] + timings["down"][c] for c in timings["o"] if c in timings["down"]}
-    best["residual"] = min(both, key=both.get)
-    os.environ["STREAMSCRIBE_ONE_ROW_CONFIGS"] = json.dumps(best)
+    def best_of(modes: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        """The fastest configuration of each operation among those of the given dot modes."""
+        pick = {}
+        for op in ("qkv", "gate_up", "head"):
+            timed = {c: t for c, t in timings[op].items() if c[4] in modes}
+            pick[CONFIG_KEY[op]] = min(timed, key=timed.get)
+        # one configuration serves both residual projections (o and down): the best of their sum
+        both = {c: timings["o"][c] + timings["down"][c] for c in timings["o"] if c in timings["down"] and c[4] in modes}
+        pick["residual"] = min(both, key=both.get)
+        return pick
+
     layer_bytes = sum(t.numel() * 2 for t in (layers[0].qkv, layers[0].o, layers[0].gate_up, layers[0].down))
-    result["layer"] = {
-        "floor_us": layer_bytes / bw * 1e6,
-        "unfused_us": graph_us_per_call([lambda L=L: unfused_layer(L, x) for L in layers]),
-        "fused_us": graph_us_per_call([lambda L=L: fused_layer(L, x) for L in layers]),
-        "configs": best,
-    }
-    log.info("layer (no attention): floor %.1f us, unfused %.1f us, fused %.1f us", result["layer"]["floor_us"],
-             result["layer"]["unfused_us"], result["layer"]["fused_us"])
+    result["layer"] = {"floor_us": layer_bytes / bw * 1e6,
+                       "unfused_us": graph_us_per_call([lambda L=L: unfused_layer(L, x) for L in layers])}
+    # the layer fused (gate/up too) and as the engine runs it by default (gate/up unfused), with the best
+    # configurations of each mode: FMA reduction only, tensor cores only, either
+    for name, modes in (("fma", (0,)), ("dot", (1,)), ("best", (0, 1))):
+        picked = best_of(modes)
+        os.environ["STREAMSCRIBE_ONE_ROW_CONFIGS"] = json.dumps(picked)
+        result["layer"][name] = {
+            "configs": picked,
+            "fused_us": graph_us_per_call([lambda L=L: fused_layer(L, x) for L in layers]),
+            "engine_us": graph_us_per_call([lambda L=L: engine_layer(L, x) for L in layers])}
+        log.info("layer (no attention), %s configs: floor %.1f us, unfused %.1f us, fused %.1f us, as the engine "
+                 "runs it %.1f us", name, result["layer"]["floor_us"], result["layer"]["unfused_us"],
+                 result["layer"][name]["fused_us"], result["layer"][name]["engine_us"])
+    best = result["layer"]["best"]["configs"]
     code = finish_experiment(result, args.out, failed)
+    print("BEST_FMA_CONFIGS " + json.dumps(result["layer"]["fma"]["configs"]))
+    print("BEST_DOT_CONFIGS " + json.dumps(result["layer"]["dot"]["configs"]))
     print("BEST_CONFIGS " + json.dumps(best))
     return code
 

@@ -1,9 +1,12 @@
-# Sourced by the device-call scripts (gpu_one_row.sh, gpu_one_row_default.sh, gpu_encoder_sms.sh): install the
+# Sourced by the device-call scripts (gpu_one_row*.sh, gpu_encoder_sms.sh, ...): install the
 # wheels carried in .whl_gpu and record the GPU in OUT/gpu.txt.
 #   source benchmarks/gpu_setup.sh OUT
-# The full-size checkpoint's tokenizer is built from mistral-common's bundled vocabulary, which the GPU machine
-# lacks: bring its wheel (python3 -m pip download --no-deps --only-binary=:all: -d .whl_gpu mistral-common==1.13.1)
-# and carry .whl_gpu.
+# The full-size checkpoint's tokenizer is built from mistral-common's bundled vocabulary, and audio files are read
+# with soundfile; the GPU machine has neither. Bring the wheels and carry .whl_gpu:
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl_gpu mistral-common==1.13.1
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+#     -d .whl_gpu soundfile==0.14.0 cffi==2.1.1 pycparser==3.12          # 8.2 MB in all
 if ls .whl_gpu/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_gpu/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD

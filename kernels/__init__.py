@@ -24,7 +24,8 @@ On sm_90+ every Triton kernel launches with programmatic dependent launch (`_dis
 it may start while the previous kernel runs and waits for its results before reading them. Switches
 for A/B runs (read at launch, so at graph capture): STREAMSCRIBE_PDL=0 (no PDL),
 STREAMSCRIBE_SKINNY_ROWS=N (the Triton projection for at most N rows; 0: always `F.linear`),
-STREAMSCRIBE_ONE_ROW_CONFIGS (launch configurations of `one_row`).
+STREAMSCRIBE_ONE_ROW_CONFIGS (launch configurations of `one_row`, JSON: operation -> [BLOCK_N, BLOCK_K,
+warps, stages, dot]).
 """
 
 from ._dispatch import HAVE_TRITON

@@ -15,13 +15,20 @@ norm, gate/up, SiLU·mul, down) to 6 (8 as the engine runs it by default: `fused
 Every input row is 1-D ([K]); weights are [N, K] with unit stride along K and no bias. Each
 reference reproduces the unfused kernels' rounding exactly (they are composed of the
 `fused_ops` references and `F.linear`), so on the CPU the fused decode path gives the unfused
-path's results bit for bit. The Triton kernel (`_one_row_triton.py`) sums the products in another
-order than cuBLAS, so on the GPU the results agree to the dtype's rounding.
+path's results bit for bit. The Triton kernel (`_one_row_triton.py`) has two modes per operation:
+- FMA (dot = 0): products reduced in another order than the multi-row projection, so on the GPU the
+  results agree with the multi-row path to the dtype's rounding, and a near-tie at batch 1 can resolve
+  otherwise than in a batch;
+- tensor cores (dot = 1, 16-bit dtypes): the projection's sums are `kernels.linear`'s for the same row, bit
+  for bit (measured on an H200 at the full-size shapes for every configuration swept, and in the GPU tests);
+  the norm, RoPE and residual epilogues too; the SiLU·mul epilogue rounds a few outputs one step apart from
+  the separate silu_mul kernel.
 
 `backend="auto"` runs Triton on CUDA tensors (any float dtype: the engine chooses this path for fp16/bf16
-only, and fp32 runs make the GPU tests exact) and the reference elsewhere. The launch configurations
-(`CONFIGS`; STREAMSCRIBE_ONE_ROW_CONFIGS overrides them) are the fastest of `benchmarks/bench_one_row.py`'s
-sweep on an H200.
+only, and fp32 runs make the GPU tests exact; fp32 never takes the tensor cores, which would round to TF32)
+and the reference elsewhere. The launch configurations (`CONFIGS`; STREAMSCRIBE_ONE_ROW_CONFIGS overrides
+them) come from `benchmarks/bench_one_row.py`'s sweeps and the B1 engine benchmark on an H200: FMA for the
+layers, tensor cores for the LM head.
 """
 
 from __future__ import annotations
@@ -36,15 +43,23 @@ from ._dispatch import use_triton
 from .fused_ops import add_rms_norm_reference, rope_reference
 from .paged_attention import write_kv_reference
 
-# (BLOCK_N, BLOCK_K, warps, pipeline stages) per operation; BLOCK_N counts outputs (pairs of rows for the
-# paired ones). The fastest of `benchmarks/bench_one_row.py`'s sweep on one H200 (twenty-fifth session,
-# docs/benchmarks.md): wide K tiles in plain loads (1 stage) beat the cp.async pipeline
-CONFIGS: dict[str, tuple[int, int, int, int]] = {
-    "qkv": (4, 512, 2, 1),
-    "residual": (8, 1024, 4, 1),
-    "gate_up": (8, 512, 4, 1),
-    "head": (16, 256, 8, 1),
+# (BLOCK_N, BLOCK_K, warps, pipeline stages, dot) per operation; BLOCK_N counts outputs (pairs of rows for the
+# paired ones); dot = 1 multiplies on the tensor cores (the kernel's docstring), and BLOCK_K = 0 there takes
+# `linear`'s K tile for the weight, so that the sums are the multi-row kernel's bit for bit.
+# FMA_FALLBACK: the fastest dot = 0 configurations of `benchmarks/bench_one_row.py`'s sweep on one H200
+# (twenty-fifth session, docs/benchmarks.md; wide K tiles in plain loads beat the cp.async pipeline), and what an
+# operation falls back to where a tensor-core configuration cannot run: those need 16-bit inputs and 16 outputs
+# per program inside one paired group
+FMA_FALLBACK: dict[str, tuple[int, int, int, int, int]] = {
+    "qkv": (4, 512, 2, 1, 0),
+    "residual": (8, 1024, 4, 1, 0),
+    "gate_up": (8, 512, 4, 1, 0),
+    "head": (16, 256, 8, 1, 0),
 }
+# the defaults: FMA everywhere but the LM head, whose norm + projection in tensor-core mode (BLOCK_K 0: bit for bit
+# the multi-row path) took 184 us against 217 us alone and the full-size B1 step from 3.185 to 3.127 ms, where the
+# other operations in tensor-core mode made a layer's PDL chain slower (twenty-sixth session, docs/benchmarks.md)
+CONFIGS: dict[str, tuple[int, int, int, int, int]] = {**FMA_FALLBACK, "head": (64, 0, 2, 3, 1)}
 
 
 def _takes_kernel(backend: str, *tensors: torch.Tensor) -> bool:
@@ -53,7 +68,7 @@ def _takes_kernel(backend: str, *tensors: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
-def launch_configs() -> dict[str, tuple[int, int, int, int]]:
+def launch_configs() -> dict[str, tuple[int, int, int, int, int]]:
     """CONFIGS, updated with the JSON object in STREAMSCRIBE_ONE_ROW_CONFIGS (benchmarks try others; read at
     launch, so at graph capture)."""
     text = os.environ.get("STREAMSCRIBE_ONE_ROW_CONFIGS")
@@ -62,12 +77,29 @@ def launch_configs() -> dict[str, tuple[int, int, int, int]]:
     try:
         given = {k: tuple(int(x) for x in v) for k, v in json.loads(text).items()}
     except (ValueError, TypeError, AttributeError) as e:
-        raise ValueError(f"STREAMSCRIBE_ONE_ROW_CONFIGS must be a JSON object of [BLOCK_N, BLOCK_K, warps, stages], "
-                         f"got {text!r}") from e
-    bad = [k for k, v in given.items() if k not in CONFIGS or len(v) != 4 or min(v) < 1]
+        raise ValueError(f"STREAMSCRIBE_ONE_ROW_CONFIGS must be a JSON object of [BLOCK_N, BLOCK_K, warps, stages, "
+                         f"dot], got {text!r}") from e
+    bad = [k for k, v in given.items() if k not in CONFIGS or len(v) != 5 or min(v[0], v[2], v[3]) < 1 or v[1] < 0
+           or v[4] not in (0, 1) or (v[4] and v[0] < 16) or (v[1] == 0 and not v[4])]
     if bad:
         raise ValueError(f"STREAMSCRIBE_ONE_ROW_CONFIGS: unknown operations or bad configs {bad}")
     return {**CONFIGS, **given}
+
+
+def _config(key: str, w: torch.Tensor, half: int = 1) -> tuple[int, int, int, int, int]:
+    """The configuration `key` launches with for weight `w`; paired programs (`half` > 1) must stay inside one
+    group of rows: the largest BLOCK_N <= the tuned one dividing `half`."""
+    config = launch_configs()[key]
+    if config[4] and (w.dtype not in (torch.float16, torch.bfloat16) or (half > 1 and half % 16)):
+        config = FMA_FALLBACK[key]  # fp32 would multiply in TF32 on the tensor cores; tiles need 16 outputs
+    if config[4] and config[1] == 0:
+        from ._linear_triton import config_for
+
+        config = (config[0], config_for(w.shape[0], w.shape[1])[1], *config[2:])
+    bn = config[0]
+    while half > 1 and bn > 1 and half % bn:
+        bn //= 2
+    return (bn, *config[1:])
 
 
 def fused_gate_up() -> bool:
@@ -96,14 +128,6 @@ def _contiguous_row(t: torch.Tensor) -> torch.Tensor:
 def _normed(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, scale: torch.Tensor | None = None
             ) -> torch.Tensor:
     return add_rms_norm_reference(h, None, norm_weight, eps, scale)[0]
-
-
-def _config_fits(config: tuple[int, int, int, int], half: int) -> tuple[int, int, int, int]:
-    """Paired programs must stay inside one group of rows: the largest BLOCK_N <= the tuned one dividing `half`."""
-    bn = config[0]
-    while bn > 1 and half % bn:
-        bn //= 2
-    return (bn, *config[1:])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,7 +161,7 @@ def norm_qkv_rope_kv(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, w_q
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
         raise ValueError("norm_qkv_rope_kv: the caches need one layout with unit stride along head_dim")
     q = torch.empty(num_heads, d, device=h.device, dtype=h.dtype)
-    launch(_contiguous_row(h), w_qkv, q, epilogue=EPI_ROPE_KV, config=_config_fits(launch_configs()["qkv"], d // 2),
+    launch(_contiguous_row(h), w_qkv, q, epilogue=EPI_ROPE_KV, config=_config("qkv", w_qkv, d // 2),
            norm_weight=norm_weight, eps=eps, half=d // 2, cos=_contiguous_row(cos), sin=_contiguous_row(sin),
            k_cache=k_cache, v_cache=v_cache, slot=slot, heads=(num_heads, num_kv_heads))
     return q
@@ -155,7 +179,7 @@ def linear_residual(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, *,
     from ._one_row_triton import EPI_RESIDUAL, launch
 
     out = torch.empty_like(residual)
-    launch(_contiguous_row(x), w, out, epilogue=EPI_RESIDUAL, config=launch_configs()["residual"],
+    launch(_contiguous_row(x), w, out, epilogue=EPI_RESIDUAL, config=_config("residual", w),
            residual=_contiguous_row(residual))
     return out
 
@@ -174,7 +198,7 @@ def norm_gate_up_silu(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, sc
 
     out = torch.empty(inter, device=h.device, dtype=h.dtype)
     launch(_contiguous_row(h), w_gate_up, out, epilogue=EPI_SILU_MUL,
-           config=_config_fits(launch_configs()["gate_up"], inter),
+           config=_config("gate_up", w_gate_up, inter),
            norm_weight=norm_weight, eps=eps, scale=None if scale is None else _contiguous_row(scale), half=inter)
     return out
 
@@ -188,6 +212,6 @@ def norm_linear(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch
     from ._one_row_triton import EPI_STORE, launch
 
     out = torch.empty(w.shape[0], device=h.device, dtype=h.dtype)
-    launch(_contiguous_row(h), w, out, epilogue=EPI_STORE, config=launch_configs()["head"], norm_weight=norm_weight,
+    launch(_contiguous_row(h), w, out, epilogue=EPI_STORE, config=_config("head", w), norm_weight=norm_weight,
            eps=eps)
     return out

@@ -55,9 +55,9 @@ class RunnerOptions:
     encoder_stream: bool = True
     # CUDA with an encoder stream: the encoder's kernels run in a green context of this many SMs
     # (`torch.cuda.green_contexts`), so that they cannot spread over the SMs the LM's chain needs; the LM keeps
-    # every SM. None: STREAMSCRIBE_ENCODER_SMS if set, else all SMs. Experimental: written for B1 (the encoder
-    # beside the LM adds 0.77 ms to the LM's 2.40 ms on an H200), tested and timed on a GPU only from the next
-    # device call on (`benchmarks/gpu_encoder_sms.sh`)
+    # every SM. None: STREAMSCRIBE_ENCODER_SMS if set, else all SMs. Measured slower at every count tried (full-size
+    # B1 on an H200, twenty-sixth session: 3.15 ms with all SMs, 3.40 / 4.11 / 5.76 ms with 64 / 32 / 16): the
+    # encoder's own chain needs the SMs more than the LM's chain loses to it. Kept as a tested knob for other GPUs
     encoder_sms: int | None = None
     # steps of ONE stream run the LM through the fused one-row kernels (`kernels.one_row`: 8 kernels a layer
     # instead of 11; B1 on an H200 0.13-0.2 ms faster, docs/benchmarks.md). None: on CUDA in fp16/bf16 unless
@@ -111,6 +111,22 @@ def max_positions(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int | No
     tokens = c.prompt_length(30) + math.ceil(opts.max_session_seconds * 1000 / c.token_duration_ms) + \
         c.right_pad_tokens(30) + 1
     return tokens * c.streaming.downsample_factor, tokens
+
+
+# Green contexts live as long as the process: destroying one while a CUDA graph captured on its stream, or the
+# caching allocator's blocks used there, still exist aborts the process (cudaErrorContextIsDestroyed in a
+# destructor, seen on an H200 when a test dropped its runner; twenty-sixth session). There are at most a few (one
+# per device and SM count), and a later runner with the same count reuses the context and its stream.
+_GREEN_CONTEXTS: dict[tuple[int, int], tuple[object, object]] = {}
+
+
+def _green_context_stream(green_contexts: object, device_index: int, sms: int) -> tuple[object, object]:
+    """The (green context, its stream) of `sms` SMs on the device, created once per process."""
+    key = (device_index, sms)
+    if key not in _GREEN_CONTEXTS:
+        ctx = green_contexts.GreenContext.create(sms, device_index)  # type: ignore[attr-defined]
+        _GREEN_CONTEXTS[key] = (ctx, ctx.Stream())
+    return _GREEN_CONTEXTS[key]
 
 
 class ModelRunner:
@@ -192,10 +208,8 @@ class ModelRunner:
 
         if not green_contexts.SUPPORTED:
             raise RuntimeError("encoder_sms needs CUDA green contexts, which this PyTorch build lacks")
-        # kept alive with the runner: its stream belongs to it
-        self.enc_green = green_contexts.GreenContext.create(
-            sms, self.device.index if self.device.index is not None else torch.cuda.current_device())
-        s = self.enc_green.Stream()
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.enc_green, s = _green_context_stream(green_contexts, index, sms)
         logger.info("encoder stream in a green context of %d of %d SMs", sms, total)
         if isinstance(s, torch.cuda.Stream):
             return s

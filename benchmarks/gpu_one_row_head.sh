@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call checking the twenty-sixth session's default (issue 3, B1): the LM head's norm + projection in the
+# one-row kernels' tensor-core mode, the rest as before. Everything packed into OUT/all.tgz:
+#   1. the one-row GPU tests (tensor-core mode against `kernels.linear` and the fused_ops kernels);
+#   2. B1 on the full-size random checkpoint: the default, the FMA head of the session before, the twenty-third
+#      session's kernels;
+#   3. the default model's offline speculation in bf16 (outputs identical to plain decoding or not);
+#   4. the engine's GPU tests, verbose (the encoder green-context cases last aborted the process).
+#   bash benchmarks/gpu_one_row_head.sh OUT
+# Carry .whl_gpu (mistral-common for the full-size tokenizer; soundfile, cffi, pycparser for the audio files).
+set -u
+out=${1:?out dir}
+work=$(mktemp -d)
+source benchmarks/gpu_setup.sh "$work"
+timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_one_row.py > "$work/tests_one_row.txt" 2>&1
+echo "one-row gpu tests rc=$?"; tail -1 "$work/tests_one_row.txt"
+PYTHONUNBUFFERED=1 timeout 150 python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1 \
+  --modes ahead_encoder_stream,lm_only --variants default,one_row_fma_head,skinny_pdl --repeats 2 \
+  --out "$work/b1.json" > "$work/b1.log" 2>&1
+echo "b1 rc=$?"; grep -E "bench_encoder_overlap: |Error" "$work/b1.log" | tail -3
+timeout 70 python3 benchmarks/bench_speculative.py --target models/default \
+  --drafter models/default_drafter --audio demo/samples/heldout_nyc_f4.wav demo/samples/sample_en.wav \
+  --batches 1 --clip-seconds 30 --repeats 1 --skip-flush --device cuda --dtype bf16 --k 6 \
+  --out "$work/spec.json" > "$work/spec.log" 2>&1
+echo "spec rc=$?"; grep -E "offline batch|Error" "$work/spec.log" | tail -2
+tar czf "$out/all.tgz" -C "$work" .
+timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_engine.py > "$work/tests_engine.txt" 2>&1
+echo "engine gpu tests rc=$?"; grep -E "PASSED|FAILED|ERROR|Error|passed|failed" "$work/tests_engine.txt" | tail -40
+tar czf "$out/all.tgz" -C "$work" .
