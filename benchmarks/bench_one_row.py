@@ -236,7 +236,7 @@ def op_bytes(op: str, layers: list[Layer], heads: list[torch.Tensor]) -> int:
 LAYER_GRID = [(bn, 0, w, st, 1) for bn in (16, 32, 64) for w in (2, 4) for st in (1, 2, 3)]
 
 
-def layer_sweep(layers: list[Layer], x: Inputs, bw: float, out: str | None) -> int:
+def layer_sweep(layers: list[Layer], x: Inputs, bw: float, out: str | None, grid: list[tuple[int, ...]]) -> int:
     """The fused layer and the engine's layer (gate/up unfused) for each uniform tensor-core configuration, against
     the FMA configurations (`one_row.FMA_FALLBACK`)."""
     from bench_skinny_gemm import finish_experiment, graph_us_per_call
@@ -247,7 +247,7 @@ def layer_sweep(layers: list[Layer], x: Inputs, bw: float, out: str | None) -> i
     result: dict = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bw / 1e9, "layers": len(layers),
                     "floor_us": layer_bytes / bw * 1e6, "rows": {}}
     candidates = {"fma": dict(one_row.FMA_FALLBACK)}
-    candidates.update({str(c): {k: c for k in one_row.CONFIGS} for c in LAYER_GRID})
+    candidates.update({str(c): {k: c for k in one_row.CONFIGS} for c in grid})
     for name, configs in candidates.items():
         os.environ["STREAMSCRIBE_ONE_ROW_CONFIGS"] = json.dumps(configs)
         row = result["rows"][name] = {
@@ -279,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only time whole layers (the fused layer and the engine's) for one tensor-core configuration "
                          "given to every operation, for each of LAYER_GRID, against the FMA configurations; prints "
                          "BEST_LAYER_DOT_CONFIGS {json}")
+    ap.add_argument("--layer-configs", default=None,
+                    help="with --layer-sweep: a JSON list of tensor-core configurations to try instead of LAYER_GRID")
     args = ap.parse_args(argv)
     if args.resources:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -315,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     bw = copy_bandwidth(dev)
     if args.layer_sweep:
-        return layer_sweep(layers, x, bw, args.out)
+        grid = [tuple(c) for c in json.loads(args.layer_configs)] if args.layer_configs else LAYER_GRID
+        return layer_sweep(layers, x, bw, args.out, grid)
     result: dict = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bw / 1e9, "layers": args.layers,
                     "ops": {}}
     failed = 0

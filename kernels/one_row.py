@@ -57,8 +57,9 @@ FMA_FALLBACK: dict[str, tuple[int, int, int, int, int]] = {
     "head": (16, 256, 8, 1, 0),
 }
 # the defaults: FMA everywhere but the LM head, whose norm + projection in tensor-core mode (BLOCK_K 0: bit for bit
-# the multi-row path) took 184 us against 217 us alone and the full-size B1 step from 3.185 to 3.127 ms, where the
-# other operations in tensor-core mode made a layer's PDL chain slower (twenty-sixth session, docs/benchmarks.md)
+# the multi-row path) took 184 us against 217 us alone and the full-size B1 step from 3.185 to 3.127 ms; in the
+# layers, tensor cores were slower for o and down, and a layer mixing both kinds lost what gate/up would save
+# (twenty-sixth session, docs/benchmarks.md)
 CONFIGS: dict[str, tuple[int, int, int, int, int]] = {**FMA_FALLBACK, "head": (64, 0, 2, 3, 1)}
 
 
