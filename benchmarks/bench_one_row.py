@@ -158,10 +158,19 @@ def op_calls(op: str, layers: list[Layer], heads: list[torch.Tensor], x: Inputs,
     raise ValueError(op)
 
 
+def unfused_gate_up(L: "Layer", res: torch.Tensor) -> torch.Tensor:
+    """The MLP input as the multi-row path (and the one-row path by default) computes it: norm kernel with the
+    delay scale, `kernels.linear`, SiLU·mul kernel."""
+    from kernels.fused_ops import add_rms_norm, silu_mul
+    from kernels.linear import linear
+
+    return silu_mul(linear(add_rms_norm(res, None, L.nw2, 1e-5, L.scale)[0], L.gate_up))
+
+
 def multi_row_result(op: str, L: "Layer", head: torch.Tensor, x: "Inputs") -> torch.Tensor:
     """`op`'s result as the multi-row path computes it for this one row (norm kernel, `kernels.linear`,
     element-wise kernels): what the tensor-core mode must equal bit for bit."""
-    from kernels.fused_ops import add_rms_norm, rope, silu_mul
+    from kernels.fused_ops import add_rms_norm, rope
     from kernels.linear import linear
 
     if op == "qkv":
@@ -171,7 +180,7 @@ def multi_row_result(op: str, L: "Layer", head: torch.Tensor, x: "Inputs") -> to
     if op == "o":
         return linear(x.attn, L.o) + x.res
     if op == "gate_up":
-        return silu_mul(linear(add_rms_norm(x.res, None, L.nw2, 1e-5, L.scale)[0], L.gate_up))
+        return unfused_gate_up(L, x.res)
     if op == "down":
         return linear(x.act, L.down) + x.res
     return linear(add_rms_norm(x.res, None, L.nw1, 1e-5)[0], head)
@@ -197,11 +206,7 @@ def unfused_layer(L: Layer, x: Inputs) -> None:
 
 def unfused_gate_up_calls(layers: list[Layer], x: Inputs) -> list:
     """The engine's default MLP input at batch 1 (norm, tensor-core projection, SiLU·mul), one call per layer."""
-    from kernels.fused_ops import add_rms_norm, silu_mul
-    from kernels.linear import linear
-
-    return [lambda L=L: silu_mul(linear(add_rms_norm(x.res, None, L.nw2, 1e-5, L.scale)[0], L.gate_up))
-            for L in layers]
+    return [lambda L=L: unfused_gate_up(L, x.res) for L in layers]
 
 
 def fused_layer(L: Layer, x: Inputs) -> None:
@@ -216,13 +221,10 @@ def engine_layer(L: Layer, x: Inputs) -> None:
     """The layer as the engine's one-row path runs it by default (`one_row.fused_gate_up()` off): the gate/up as
     norm, `linear` and SiLU·mul."""
     from kernels import one_row
-    from kernels.fused_ops import add_rms_norm, silu_mul
-    from kernels.linear import linear
 
     one_row.norm_qkv_rope_kv(x.res, L.nw1, 1e-5, L.qkv, x.cos, x.sin, x.kc, x.vc, x.slot, HQ, HKV)
     res = one_row.linear_residual(x.attn, L.o, x.res)
-    act = silu_mul(linear(add_rms_norm(res, None, L.nw2, 1e-5, L.scale)[0], L.gate_up))
-    one_row.linear_residual(act, L.down, res)
+    one_row.linear_residual(unfused_gate_up(L, res), L.down, res)
 
 
 def op_bytes(op: str, layers: list[Layer], heads: list[torch.Tensor]) -> int:

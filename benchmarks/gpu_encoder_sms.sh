@@ -10,13 +10,11 @@ set -u
 out=${1:?out dir}
 work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
-timeout "${2:-120}" python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_engine.py > "$work/gpu_tests.txt" 2>&1
-echo "gpu tests rc=$?" | tee -a "$work/gpu_tests.txt"
-grep -E "passed|failed|Aborted|Fatal" "$work/gpu_tests.txt" | tail -3
-tar czf "$out/all.tgz" -C "$work" .
+gpu_tests gpu_tests "${2:-120}" tests/test_engine.py
+pack "$out"
 PYTHONUNBUFFERED=1 timeout "${3:-130}" python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1 \
   --modes ahead_encoder_stream,encoder_only_own_stream --variants default,encoder_sms_16,encoder_sms_32,encoder_sms_64 \
   --repeats 2 --out "$work/b1.json" > "$work/b1.log" 2>&1
 echo "b1 rc=$?"
 grep -E "bench_encoder_overlap: |Error|error" "$work/b1.log" | tail -3
-tar czf "$out/all.tgz" -C "$work" .
+pack "$out"

@@ -14,8 +14,7 @@ set -u
 out=${1:?out dir}
 work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
-timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_one_row.py > "$work/tests_one_row.txt" 2>&1
-echo "one-row gpu tests rc=$?"; tail -1 "$work/tests_one_row.txt"
+gpu_tests tests_one_row 60 tests/test_one_row.py
 PYTHONUNBUFFERED=1 timeout 150 python3 benchmarks/bench_one_row.py --layer-sweep --out "$work/layers.json" \
   > "$work/layers.log" 2>&1
 echo "layer sweep rc=$?"; grep -E "bench_one_row: layer|BEST" "$work/layers.log" | cut -c25-200
@@ -34,4 +33,4 @@ for v in default dot; do
     --out "$work/spec_$v.json" > "$work/spec_$v.log" 2>&1
   echo "spec $v rc=$?"; grep -E "offline batch|Error" "$work/spec_$v.log" | tail -2
 done
-tar czf "$out/all.tgz" -C "$work" .
+pack "$out"

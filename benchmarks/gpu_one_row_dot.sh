@@ -14,8 +14,7 @@ set -u
 out=${1:?out dir}
 work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
-timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_one_row.py > "$work/tests_one_row.txt" 2>&1
-echo "one-row gpu tests rc=$?" | tee -a "$work/tests_one_row.txt"; tail -2 "$work/tests_one_row.txt"
+gpu_tests tests_one_row 90 tests/test_one_row.py
 PYTHONUNBUFFERED=1 timeout 210 python3 benchmarks/bench_one_row.py --out "$work/one_row.json" > "$work/one_row.log" 2>&1
 echo "sweep rc=$?"; grep -E "floor|BEST" "$work/one_row.log" | cut -c25-260
 dot=$(grep '^BEST_DOT_CONFIGS ' "$work/one_row.log" | cut -d' ' -f2-)
@@ -29,7 +28,5 @@ STREAMSCRIBE_ONE_ROW_CONFIGS="${dot:-}" timeout 60 python3 benchmarks/bench_spec
   --clip-seconds 30 --repeats 1 --skip-flush --device cuda --dtype bf16 --k 6 --out "$work/spec.json" \
   > "$work/spec.log" 2>&1
 echo "spec rc=$?"; grep -E "offline batch|Error" "$work/spec.log" | tail -3
-timeout 45 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/test_engine.py -k encoder_sms \
-  > "$work/tests_encoder_sms.txt" 2>&1
-echo "encoder_sms tests rc=$?"; grep -E "Error|passed|failed" "$work/tests_encoder_sms.txt" | head -5
-tar czf "$out/all.tgz" -C "$work" .
+gpu_tests tests_encoder_sms 45 -x tests/test_engine.py -k encoder_sms
+pack "$out"

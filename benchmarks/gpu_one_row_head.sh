@@ -12,8 +12,7 @@ set -u
 out=${1:?out dir}
 work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
-timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_one_row.py > "$work/tests_one_row.txt" 2>&1
-echo "one-row gpu tests rc=$?"; tail -1 "$work/tests_one_row.txt"
+gpu_tests tests_one_row 60 tests/test_one_row.py
 PYTHONUNBUFFERED=1 timeout 150 python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1 \
   --modes ahead_encoder_stream,lm_only --variants default,one_row_fma_head,skinny_pdl --repeats 2 \
   --out "$work/b1.json" > "$work/b1.log" 2>&1
@@ -23,7 +22,6 @@ timeout 70 python3 benchmarks/bench_speculative.py --target models/default \
   --batches 1 --clip-seconds 30 --repeats 1 --skip-flush --device cuda --dtype bf16 --k 6 \
   --out "$work/spec.json" > "$work/spec.log" 2>&1
 echo "spec rc=$?"; grep -E "offline batch|Error" "$work/spec.log" | tail -2
-tar czf "$out/all.tgz" -C "$work" .
-timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_engine.py > "$work/tests_engine.txt" 2>&1
-echo "engine gpu tests rc=$?"; grep -E "PASSED|FAILED|ERROR|Error|passed|failed" "$work/tests_engine.txt" | tail -40
-tar czf "$out/all.tgz" -C "$work" .
+pack "$out"
+gpu_tests tests_engine 150 tests/test_engine.py
+pack "$out"

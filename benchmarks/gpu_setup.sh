@@ -12,3 +12,17 @@ if ls .whl_gpu/*.whl > /dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site:$PWD
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "${1:?out dir}/gpu.txt"
+GPU_DIR=$1
+
+# gpu_tests NAME SECONDS FILE...: the gpu-marked tests of the files, verbose, into $GPU_DIR/NAME.txt under a time limit;
+# prints the exit status and the summary (or the abort) line
+gpu_tests() {
+  local name=$1 secs=$2
+  shift 2
+  timeout "$secs" python3 -m pytest -v -m gpu -p no:cacheprovider "$@" > "$GPU_DIR/$name.txt" 2>&1
+  echo "$name rc=$?" | tee -a "$GPU_DIR/$name.txt"
+  grep -E "passed|failed|skipped|Aborted|Fatal" "$GPU_DIR/$name.txt" | tail -2
+}
+
+# pack OUT: everything in $GPU_DIR as OUT/all.tgz (a call brings back at most 8 files)
+pack() { tar czf "$1/all.tgz" -C "$GPU_DIR" .; }

@@ -107,7 +107,8 @@ def fused_gate_up() -> bool:
     """Whether the one-row LM path takes `norm_gate_up_silu` (STREAMSCRIBE_ONE_ROW_GATE_UP=1) or, by default,
     the unfused layer's norm, projection and SiLU·mul kernels for the MLP (read at launch, so at graph
     capture). On an H200 the fused gate/up ran at 1.6x its bytes against the tensor-core projection's 1.1x,
-    more than the two kernels it saves (docs/benchmarks.md, twenty-fifth session)."""
+    more than the two kernels it saves (docs/benchmarks.md, twenty-fifth session); in tensor-core mode it ran at
+    1.14x alone but made the layer slower beside the FMA kernels (twenty-sixth session)."""
     return os.environ.get("STREAMSCRIBE_ONE_ROW_GATE_UP", "0") == "1"
 
 
