@@ -75,11 +75,6 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "one_row_head_dot": {"STREAMSCRIBE_ONE_ROW": "1", "STREAMSCRIBE_ONE_ROW_CONFIGS": json.dumps(
         {"head": json.loads(os.environ.get("BENCH_ONE_ROW_HEAD_CONFIG", "[64, 0, 2, 3, 1]"))})},
     "one_row_fma_head": {"STREAMSCRIBE_ONE_ROW": "1", "STREAMSCRIBE_ONE_ROW_CONFIGS": '{"head": [16, 256, 8, 1, 0]}'},
-    # the twenty-seventh session's A/B: the attention's splits merged by a second kernel again (`no_fold`), RoPE and
-    # the KV write as two kernels again (`no_rope_kv`), both (`before_s27`: the code at that session's start)
-    "no_fold": {"STREAMSCRIBE_FOLD_SPLITS": "0"},
-    "no_rope_kv": {"STREAMSCRIBE_ROPE_KV": "0"},
-    "before_s27": {"STREAMSCRIBE_FOLD_SPLITS": "0", "STREAMSCRIBE_ROPE_KV": "0"},
     # the default kernels, the encoder's stream in a green context of N SMs (`RunnerOptions.encoder_sms`)
     **{f"encoder_sms_{n}": {"STREAMSCRIBE_ENCODER_SMS": str(n)} for n in (16, 32, 48, 64, 96)},
 }

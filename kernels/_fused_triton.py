@@ -60,15 +60,6 @@ def launch_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: 
 
 
 @triton.jit
-def rope_halves(x1, x2, c1, c2, s1, s2, dt: tl.constexpr):
-    """RoPE (rotate_half convention) of a head's two halves x1, x2 (fp32) -> (y1, y2) in `dt`, rounded like
-    eager: (x*cos) and (rotate_half(x)*sin) are each rounded to the dtype before the add."""
-    y1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
-    y2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
-    return y1, y2
-
-
-@triton.jit
 def _rope_kernel(q_ptr, k_ptr, yq_ptr, yk_ptr, cos_ptr, sin_ptr, n_q, n_k, sqt, sqh, skt, skh, syqt, syqh, sykt, sykh,
                  sc, Q_BLOCKS, HALF: tl.constexpr, BLOCK_H: tl.constexpr, USE_GDC: tl.constexpr):
     """One program per (token, block of q heads or of k heads): y = x*cos + rotate_half(x)*sin, rounded
@@ -95,7 +86,9 @@ def _rope_kernel(q_ptr, k_ptr, yq_ptr, yk_ptr, cos_ptr, sin_ptr, n_q, n_k, sqt, 
     c2 = tl.load(cos_ptr + t * sc + HALF + d).to(tl.float32)[None, :]
     s1 = tl.load(sin_ptr + t * sc + d).to(tl.float32)[None, :]
     s2 = tl.load(sin_ptr + t * sc + HALF + d).to(tl.float32)[None, :]
-    y1, y2 = rope_halves(x1, x2, c1, c2, s1, s2, dt)
+    # eager: (x*cos) and (rotate_half(x)*sin) are each rounded to the dtype before the add
+    y1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
+    y2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
     tl.store(out + d[None, :], y1, mask=m)
     tl.store(out + HALF + d[None, :], y2, mask=m)
 

@@ -9,14 +9,8 @@ Attention work decomposition, chosen for 1..9 queries per sequence per step:
   on its own, so any cache block size works. Online softmax in fp32 (exp2 domain).
 - split-K: the key range of a run is cut into `num_splits` contiguous chunks (chosen so that
   ~4 programs per SM exist at small batch: LM decode at batch 1 has only 8 (run, kv head)
-  pairs but 8192 keys each). Each split writes (acc, max, sum) to an fp32 workspace. With one
-  split the kernel writes the output directly.
-- combining the splits: with a counter per (run, kv head) (`split_counters`, zero between
-  launches) the split programs count themselves in after writing their part (one atomic each,
-  release/acquire at GPU scope) and the LAST one to arrive merges all parts and resets the counter:
-  one kernel per attention call. Without counters a second tiny kernel merges them. At batch 1 a
-  step is a chain of small dependent kernels (58 attention calls in the full-size model's step),
-  and each kernel in that chain costs a few microseconds of its own (docs/benchmarks.md, issue 3).
+  pairs but 8192 keys each). Each split writes (acc, max, sum) to an fp32 workspace and a second
+  tiny kernel combines them. With one split the first kernel writes the output directly.
 Everything the kernels read per step (tables, positions, sequence ids) is device data; only
 shapes, window, scale and the split count are baked in, so a captured CUDA graph replays with
 new metadata.
@@ -31,7 +25,6 @@ import triton
 import triton.language as tl
 
 from ._dispatch import pdl_launch_args
-from ._fused_triton import rope_halves
 from ._pdl_triton import pdl_prologue
 
 MIN_KEYS_PER_SPLIT = 128  # below this a split costs more in combining than it gains in parallelism
@@ -63,64 +56,15 @@ def write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, num_heads,
 
 
 @triton.jit
-def rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, yq_ptr, kc_ptr, vc_ptr, slot_ptr, cos_ptr, sin_ptr, n_q, n_kv,
-                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_yqt, stride_yqh,
-                         stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_slot, stride_c,
-                         Q_BLOCKS, HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
-                         USE_GDC: tl.constexpr):
-    """One program per (token, block of q heads or of kv heads): RoPE on the token's q heads (to yq) and on
-    its k heads, and the rotated k and the v heads stored in the token's cache slot (slot < 0: nothing
-    stored): `rope` and `write_kv` in one launch, rounded as they round."""
-    pdl_prologue(USE_GDC)
-    t = tl.program_id(0).to(tl.int64)
-    hb = tl.program_id(1)
-    d = tl.arange(0, HALF)
-    c1 = tl.load(cos_ptr + t * stride_c + d).to(tl.float32)[None, :]
-    c2 = tl.load(cos_ptr + t * stride_c + HALF + d).to(tl.float32)[None, :]
-    s1 = tl.load(sin_ptr + t * stride_c + d).to(tl.float32)[None, :]
-    s2 = tl.load(sin_ptr + t * stride_c + HALF + d).to(tl.float32)[None, :]
-    dt = yq_ptr.dtype.element_ty
-    if hb < Q_BLOCKS:
-        h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-        m = (h < n_q)[:, None]
-        src = q_ptr + t * stride_qt + h[:, None] * stride_qh
-        x1 = tl.load(src + d[None, :], mask=m, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF + d[None, :], mask=m, other=0.0).to(tl.float32)
-        y1, y2 = rope_halves(x1, x2, c1, c2, s1, s2, dt)
-        dst = yq_ptr + t * stride_yqt + h[:, None] * stride_yqh
-        tl.store(dst + d[None, :], y1, mask=m)
-        tl.store(dst + HALF + d[None, :], y2, mask=m)
-    else:
-        h = (hb - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
-        slot = tl.load(slot_ptr + t * stride_slot).to(tl.int64)
-        m = (h < n_kv)[:, None] & (slot >= 0)
-        blk = slot // BLOCK_SIZE
-        off = slot % BLOCK_SIZE
-        src = k_ptr + t * stride_kt + h[:, None] * stride_kh
-        x1 = tl.load(src + d[None, :], mask=m, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF + d[None, :], mask=m, other=0.0).to(tl.float32)
-        y1, y2 = rope_halves(x1, x2, c1, c2, s1, s2, dt)
-        kc = kc_ptr + blk * stride_kcb + off * stride_kcs + h[:, None] * stride_kch
-        tl.store(kc + d[None, :], y1.to(kc_ptr.dtype.element_ty), mask=m)
-        tl.store(kc + HALF + d[None, :], y2.to(kc_ptr.dtype.element_ty), mask=m)
-        vsrc = v_ptr + t * stride_vt + h[:, None] * stride_vh
-        vc = vc_ptr + blk * stride_vcb + off * stride_vcs + h[:, None] * stride_vch
-        tl.store(vc + d[None, :], tl.load(vsrc + d[None, :], mask=m).to(vc_ptr.dtype.element_ty), mask=m)
-        tl.store(vc + HALF + d[None, :], tl.load(vsrc + HALF + d[None, :], mask=m).to(vc_ptr.dtype.element_ty),
-                 mask=m)
-
-
-@triton.jit
 def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr,
-                           root_ptr, tslot_ptr, cnt_ptr,
+                           root_ptr, tslot_ptr,
                            num_tokens, window, table_width, scale_log2,
                            stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                            stride_bt, stride_ot, stride_oh, stride_seq, stride_pos, stride_tslot,
                            HQ: tl.constexpr, GROUP: tl.constexpr, RUN: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                           IEEE: tl.constexpr, HAS_TREE: tl.constexpr, FOLD: tl.constexpr,
-                           USE_GDC: tl.constexpr):
+                           IEEE: tl.constexpr, HAS_TREE: tl.constexpr, USE_GDC: tl.constexpr):
     pdl_prologue(USE_GDC)
     run = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -204,44 +148,10 @@ def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_pt
         o_off = tok.to(tl.int64) * stride_ot + head * stride_oh
         tl.store(out_ptr + o_off[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty), mask=omask)
     else:
-        ws_base = (tok.to(tl.int64) * HQ + head) * NUM_SPLITS
-        ws_row = ws_base + split
+        ws_row = (tok.to(tl.int64) * HQ + head) * NUM_SPLITS + split
         tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + d[None, :], acc, mask=omask)
         tl.store(ws_m_ptr + ws_row, tl.where(bad, float("nan"), m_i), mask=row_in)
         tl.store(ws_l_ptr + ws_row, l_i, mask=row_in)
-        if FOLD:
-            # every thread's workspace stores are issued before the program counts itself in; the atomic
-            # (one thread, release + acquire at GPU scope) publishes them to the program that arrives last
-            tl.debug_barrier()
-            cnt = cnt_ptr + run * tl.num_programs(1) + kvh
-            arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            if arrived == NUM_SPLITS - 1:
-                # the last split of this (run, kv head): merge the parts of the splits that had keys (the
-                # others hold max -inf, sum 0), as combine_splits_kernel does; .cg reads bypass L1, which
-                # is not coherent with the other SMs' writes
-                used = tl.minimum(tl.cdiv(n_keys, tl.maximum(chunk, 1)), NUM_SPLITS)
-                m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-                any_nan = tl.zeros([BLOCK_M], tl.int32)
-                for sp in range(0, used):
-                    m_s = tl.load(ws_m_ptr + ws_base + sp, mask=row_in, other=float("-inf"), cache_modifier=".cg")
-                    any_nan = tl.maximum(any_nan, (m_s != m_s).to(tl.int32))
-                    m_max = tl.maximum(m_max, tl.where(m_s != m_s, float("-inf"), m_s))
-                m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)
-                total = tl.zeros([BLOCK_M], tl.float32)
-                o = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-                for sp in range(0, used):
-                    m_s = tl.load(ws_m_ptr + ws_base + sp, mask=row_in, other=float("-inf"), cache_modifier=".cg")
-                    l_s = tl.load(ws_l_ptr + ws_base + sp, mask=row_in, other=0.0, cache_modifier=".cg")
-                    a_s = tl.load(ws_acc_ptr + (ws_base + sp)[:, None] * HEAD_DIM + d[None, :], mask=omask,
-                                  other=0.0, cache_modifier=".cg")
-                    w = tl.exp2(tl.where(m_s != m_s, float("-inf"), m_s) - m_ref)  # empty splits: 0
-                    total += w * l_s
-                    o += w[:, None] * a_s
-                o = o / tl.where(total > 0, total, 1.0)[:, None]
-                o = tl.where(any_nan[:, None] > 0, float("nan"), o)
-                o_off = tok.to(tl.int64) * stride_ot + head * stride_oh
-                tl.store(out_ptr + o_off[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty), mask=omask)
-                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
@@ -294,24 +204,6 @@ def launch_write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
                               BLOCK_D=triton.next_power_of_2(d), num_warps=4, **pdl_launch_args(k.device))
 
 
-def launch_rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, out: torch.Tensor
-                         ) -> None:
-    t, hq, d = q.shape
-    hkv = k.shape[1]
-    if t == 0:
-        return
-    block_h = min(16, triton.next_power_of_2(max(hq, hkv)))
-    q_blocks = triton.cdiv(hq, block_h)
-    with _device_ctx(q):
-        rope_write_kv_kernel[(t, q_blocks + triton.cdiv(hkv, block_h))](
-            q, k, v, out, k_cache, v_cache, slot_mapping, cos, sin, hq, hkv,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-            v_cache.stride(2), slot_mapping.stride(0), cos.stride(0), q_blocks,
-            HALF=d // 2, BLOCK_SIZE=k_cache.shape[1], BLOCK_H=block_h, num_warps=2, **pdl_launch_args(q.device))
-
-
 def kernel_config(dtype: torch.dtype, block_m: int) -> tuple[int, int]:
     """(keys per tile, warps) keeping the kernel free of register spills on sm_90 (checked with an
     offline compile for head_dim 128): fp32 uses the FMA path of `tl.dot`, which needs small tiles."""
@@ -335,8 +227,7 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor,
                            window: int | None, scale: float, out: torch.Tensor, *, tokens_per_run: int,
                            num_splits: int | None, tree_root: torch.Tensor | None = None,
-                           tree_slots: torch.Tensor | None = None,
-                           split_counters: torch.Tensor | None = None) -> None:
+                           tree_slots: torch.Tensor | None = None) -> None:
     t, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     if t == 0:
@@ -364,13 +255,10 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         ws_l = torch.empty(t, hq, num_splits, dtype=torch.float32, device=q.device)
     else:  # unused by the kernel (NUM_SPLITS == 1 branch); any valid pointer will do
         ws_acc = ws_m = ws_l = out
-    # one kernel when the caller's counters cover every (run, kv head) of this launch; else a combine kernel
-    fold = num_splits > 1 and split_counters is not None and split_counters.numel() >= num_runs * hkv
     with _device_ctx(q):
         paged_attention_kernel[(num_runs, hkv, num_splits)](
             q, k_cache, v_cache, block_tables, seq_ids, q_pos, out, ws_acc, ws_m, ws_l,
             q_pos if tree_root is None else tree_root, q_pos if tree_slots is None else tree_slots,
-            split_counters if fold else q_pos,
             t, int(window or 0), block_tables.shape[1], float(scale) * 1.4426950408889634,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -378,9 +266,9 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             0 if tree_slots is None else tree_slots.stride(0),
             HQ=hq, GROUP=group, RUN=run, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_D=block_d,
             BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_WINDOW=has_window, IEEE=q.dtype == torch.float32,
-            HAS_TREE=tree_root is not None, FOLD=fold, num_warps=num_warps, num_stages=2,
+            HAS_TREE=tree_root is not None, num_warps=num_warps, num_stages=2,
             **pdl_launch_args(q.device))
-        if num_splits > 1 and not fold:
+        if num_splits > 1:
             combine_splits_kernel[(t, hq)](
                 ws_acc, ws_m, ws_l, out, out.stride(0), out.stride(1),
                 HQ=hq, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),

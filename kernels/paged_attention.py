@@ -19,14 +19,12 @@ the Triton kernels (`_paged_attention_triton.py`) are the CUDA one and are CUDA-
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ._dispatch import FLOAT_DTYPES, check_index_tensor, use_triton
-from .fused_ops import rope, rope_reference
 
 
 def ring_table_width(window: int, block_size: int, max_q_len: int) -> int:
@@ -95,47 +93,6 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     from ._paged_attention_triton import launch_write_kv
 
     launch_write_kv(k_cache, v_cache, k, v, slot_mapping)
-
-
-def rope_write_kv_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                            k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
-    """`rope_write_kv` as its two steps: RoPE on q and k (`fused_ops.rope_reference`), then `write_kv` of the
-    rotated k and of v."""
-    q_rot, k_rot = rope_reference(q, cos, sin), rope_reference(k, cos, sin)
-    write_kv_reference(k_cache, v_cache, k_rot, v, slot_mapping)
-    return q_rot
-
-
-def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
-                  backend: str = "auto") -> torch.Tensor:
-    """RoPE (rotate_half) on q [T, Hq, D] and k [T, Hkv, D] with cos/sin [T, D], the rotated keys and the
-    values v [T, Hkv, D] stored at `slot_mapping` [T] (as `write_kv`); returns the rotated q. The same bits as
-    `fused_ops.rope` followed by `write_kv`, in one kernel on CUDA instead of two (the attention layer's
-    step before `paged_attention`). STREAMSCRIBE_ROPE_KV=0 launches the two kernels instead (benchmarks A/B it)."""
-    _check_write(k_cache, v_cache, k, v, slot_mapping)
-    t, hq, d = q.shape
-    if q.dim() != 3 or q.shape[0] != k.shape[0] or d != k.shape[2] or d % 2:
-        raise ValueError(f"q must be [T, Hq, D] beside k {tuple(k.shape)}, with D even; got {tuple(q.shape)}")
-    if cos.shape != (t, d) or sin.shape != (t, d):
-        raise ValueError(f"cos/sin must be [{t}, {d}], got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    if q.dtype != k.dtype or q.dtype != v.dtype:
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not use_triton(backend, q.device) or torch.is_grad_enabled() and q.requires_grad:
-        return rope_write_kv_reference(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
-    if os.environ.get("STREAMSCRIBE_ROPE_KV", "1") == "0":  # the two kernels of before (rope, then write_kv)
-        q_rot, k_rot = rope(q[None], k[None], cos[None], sin[None], backend=backend)
-        write_kv(k_cache, v_cache, k_rot[0], v, slot_mapping, backend=backend)
-        return q_rot[0]
-    from ._paged_attention_triton import launch_rope_write_kv
-
-    def unit(x: torch.Tensor) -> torch.Tensor:
-        return x if x.stride(-1) == 1 else x.contiguous()
-
-    q, k, v, cos, sin = unit(q), unit(k), unit(v), unit(cos), unit(sin)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    launch_rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, out)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,8 +335,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None, scale: float,
                     out: torch.Tensor | None = None, *, tokens_per_run: int = 1, num_splits: int | None = None,
                     backend: str = "auto", tree_root: torch.Tensor | None = None,
-                    tree_slots: torch.Tensor | None = None, plan: RunsPlan | None = None,
-                    split_counters: torch.Tensor | None = None) -> torch.Tensor:
+                    tree_slots: torch.Tensor | None = None, plan: RunsPlan | None = None) -> torch.Tensor:
     """Attention of T query tokens (several sequences, flattened) over their paged caches.
 
     q: [T, Hq, D] (RoPE applied); seq_ids: [T] row of `block_tables` per token; q_pos: [T] absolute
@@ -403,18 +359,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     with r < 0, read the ring as usual.
 
     plan: the CPU path's per-step index work, shared by every layer of one cache (`RunsPlan`).
-
-    split_counters (Triton path): an int32 device buffer of zeros, at least (runs x kv heads) long, that
-    the call may use and leaves zero again (`split_counter_buffer`): then the splits are merged inside
-    the attention kernel, by the last split program of each (run, kv head) to finish, instead of by a
-    second kernel. Too short or None: the second kernel. Calls that may run at the same time (on two
-    CUDA streams) need buffers of their own; calls one after another on a stream may share one.
     """
     _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
-    if split_counters is not None and (split_counters.dtype != torch.int32 or split_counters.dim() != 1
-                                       or split_counters.device != q.device or not split_counters.is_contiguous()):
-        raise ValueError(f"split_counters must be a contiguous 1-D int32 tensor on {q.device}, got "
-                         f"{split_counters.dtype} {tuple(split_counters.shape)} on {split_counters.device}")
     if tokens_per_run < 1:
         raise ValueError(f"tokens_per_run must be >= 1, got {tokens_per_run}")
     if (tree_root is None) != (tree_slots is None):
@@ -439,14 +385,5 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         out = torch.empty_like(q)
     launch_paged_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, scale, out,
                            tokens_per_run=tokens_per_run, num_splits=num_splits, tree_root=tree_root,
-                           tree_slots=tree_slots, split_counters=split_counters)
+                           tree_slots=tree_slots)
     return out
-
-
-def split_counter_buffer(max_rows: int, kv_heads: int, device: torch.device) -> torch.Tensor:
-    """`split_counters` for attention calls of up to `max_rows` query rows (a run has at least one row)
-    over `kv_heads` kv heads: zeros, which every call leaves as it found them.
-    STREAMSCRIBE_FOLD_SPLITS=0 gives an empty buffer, so the splits are merged by a second kernel
-    (benchmarks A/B it)."""
-    n = 0 if os.environ.get("STREAMSCRIBE_FOLD_SPLITS", "1") == "0" else max(0, max_rows) * kv_heads
-    return torch.zeros(n, dtype=torch.int32, device=device)

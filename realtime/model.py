@@ -56,23 +56,6 @@ def supports_fused_kv_write(backend: object) -> TypeIs[SupportsFusedKVWrite]:
     return getattr(type(backend), "supports_fused_kv_write", False) is True
 
 
-class SupportsRopeInAttend(AttentionBackend, Protocol):
-    """A backend that applies RoPE itself, in the kernel that stores the step's keys and values
-    (`kernels.paged_attention.rope_write_kv`: one launch where `rope` and the cache write were two)."""
-
-    supports_rope_in_attend: ClassVar[Literal[True]] = True
-
-    def attend_rope(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                    sin: torch.Tensor) -> torch.Tensor:
-        """`attend(layer, *rope(q, k, cos, sin), v)` with the same bits; q/k/v before RoPE, cos/sin [B, T, D]."""
-        ...
-
-
-def supports_rope_in_attend(backend: object) -> TypeIs[SupportsRopeInAttend]:
-    """True only if the backend's class declares the capability (the flag is exactly True)."""
-    return getattr(type(backend), "supports_rope_in_attend", False) is True
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -157,11 +140,8 @@ class Attention(nn.Module):
         q = q.reshape(b, t, self.heads, self.head_dim)
         k = k.reshape(b, t, self.kv_heads, self.head_dim)
         v = v.reshape(b, t, self.kv_heads, self.head_dim)
-        if supports_rope_in_attend(backend) and not torch.is_grad_enabled():
-            out = backend.attend_rope(layer, q, k, v, cos, sin)
-        else:
-            q, k = rope(q, k, cos, sin)
-            out = backend.attend(layer, q, k, v)
+        q, k = rope(q, k, cos, sin)
+        out = backend.attend(layer, q, k, v)
         return linear(out.reshape(b, t, self.heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
 
 

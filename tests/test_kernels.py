@@ -8,14 +8,12 @@ nothing leaks into the other tests of the session.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
@@ -496,8 +494,7 @@ def _check_interpreter_active() -> None:
     from kernels import _gather_add_triton, _paged_attention_triton
 
     for fn in (_gather_add_triton.gather_add_kernel, _paged_attention_triton.paged_attention_kernel,
-               _paged_attention_triton.combine_splits_kernel, _paged_attention_triton.write_kv_kernel,
-               _paged_attention_triton.rope_write_kv_kernel):
+               _paged_attention_triton.combine_splits_kernel, _paged_attention_triton.write_kv_kernel):
         assert isinstance(fn, InterpretedFunction), type(fn)
 
 
@@ -537,45 +534,6 @@ def _write_kv_check() -> None:
         assert not k_cache.isnan().all()
 
 
-def make_rope_kv_case(dtype: torch.dtype, device: str = "cpu", t: int = 7, hq: int = 6, hkv: int = 2, d: int = 32,
-                      seed: int = 2) -> dict:
-    """Inputs of `rope_write_kv`: a NaN-poisoned cache, some padding rows (slot < 0) and strided q/k/v (views
-    of one fused projection output, as the attention layer passes them)."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g, device=device).to(dtype)
-    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-    pos = torch.arange(t, device=device).float()[:, None] * 37.0
-    freqs = pos / (1e4 ** (torch.arange(0, d, 2, device=device).float() / d))
-    emb = torch.cat([freqs, freqs], dim=-1)
-    slots = torch.randperm(5 * 4, generator=g, device=device)[:t]
-    slots[1::3] = -1
-    return dict(q=q.view(t, hq, d), k=k.view(t, hkv, d), v=v.view(t, hkv, d), cos=emb.cos().to(dtype),
-                sin=emb.sin().to(dtype), k_cache=torch.full((5, 4, hkv, d), float("nan"), dtype=dtype, device=device),
-                v_cache=torch.full((5, 4, hkv, d), float("nan"), dtype=dtype, device=device), slots=slots)
-
-
-def check_rope_write_kv(case: dict, backend: str) -> None:
-    """`rope_write_kv` gives the bits of `rope` then `write_kv` (references), q and both caches."""
-    from kernels.fused_ops import rope_reference
-    from kernels.paged_attention import rope_write_kv
-
-    ref_k, ref_v = case["k_cache"].clone(), case["v_cache"].clone()
-    q_ref, k_ref = rope_reference(case["q"], case["cos"], case["sin"]), rope_reference(case["k"], case["cos"], case["sin"])
-    (_REFERENCES.get("write_kv_reference") or write_kv_reference)(ref_k, ref_v, k_ref, case["v"], case["slots"])
-    q_rot = rope_write_kv(case["q"], case["k"], case["v"], case["cos"], case["sin"], case["k_cache"], case["v_cache"],
-                          case["slots"], backend=backend)
-    _assert_bitwise(q_rot, q_ref)
-    torch.testing.assert_close(case["k_cache"], ref_k, atol=0, rtol=0, equal_nan=True)
-    torch.testing.assert_close(case["v_cache"], ref_v, atol=0, rtol=0, equal_nan=True)
-    assert not case["k_cache"].isnan().all() and case["k_cache"].isnan().any()  # written, and only at the slots
-
-
-def _rope_write_kv_check() -> None:
-    for dtype in (torch.float32, torch.float16):
-        check_rope_write_kv(make_rope_kv_case(dtype), "triton")
-        check_rope_write_kv(make_rope_kv_case(dtype, hq=32, hkv=32, d=64, t=4, seed=5), "triton")
-
-
 def _attention_check(name: str, dtype: torch.dtype, *, run_len: int | None = None, num_splits: int = 1,
                      **overrides: object) -> Callable[[], None]:
     def check() -> None:
@@ -593,62 +551,13 @@ def _attention_check(name: str, dtype: torch.dtype, *, run_len: int | None = Non
     return check
 
 
-def _tree_check(num_splits: int, fold: bool = False) -> Callable[[], None]:
+def _tree_check(num_splits: int) -> Callable[[], None]:
     def check() -> None:
         case = make_tree_case(9, torch.float32)
-        counters = torch.zeros(case["q"].shape[0] * case["k_cache"].shape[2], dtype=torch.int32) if fold else None
-        with _no_combine_kernel(fold):
-            out = paged_attention(*attention_args(case), tree_root=case["tree_root"], tree_slots=case["tree_slots"],
-                                  num_splits=num_splits, backend="triton", split_counters=counters)
+        out = paged_attention(*attention_args(case), tree_root=case["tree_root"], tree_slots=case["tree_slots"],
+                              num_splits=num_splits, backend="triton")
         assert torch.isfinite(out).all()
         assert_attention_close(out, dense_tree_attention(case).float(), rel=1e-5)
-        assert counters is None or (counters == 0).all(), "the counters must be left at zero"
-    return check
-
-
-@contextlib.contextmanager
-def _no_combine_kernel(fold: bool) -> Iterator[None]:
-    """With `fold`, launching the separate combine kernel fails the check: the splits must be merged
-    inside the attention kernel."""
-    from kernels import _paged_attention_triton as pat
-
-    if not fold:
-        yield
-        return
-    saved = pat.combine_splits_kernel
-
-    class Forbidden:
-        def __getitem__(self, grid: object) -> Callable[..., None]:
-            raise AssertionError("the separate combine kernel ran although split counters were given")
-
-    pat.combine_splits_kernel = Forbidden()
-    try:
-        yield
-    finally:
-        pat.combine_splits_kernel = saved
-
-
-def _fold_check(name: str, dtype: torch.dtype, *, run_len: int | None = None, num_splits: int,
-                spare: int = 0, **overrides: object) -> Callable[[], None]:
-    """The splits merged in the attention kernel (split counters): equal to the reference, the counters back
-    at zero, and twice in a row on the same counters (the second launch finds them reset). `spare` < 0:
-    counters one short of (runs x kv heads), which must fall back to the combine kernel."""
-    def check() -> None:
-        params = dict(PAGED_CASES[name], **overrides)
-        case = make_paged_case(11, dtype=dtype, run_len=run_len, **params)
-        runs = -(-case["q"].shape[0] // (run_len or 1))
-        counters = torch.zeros(runs * case["k_cache"].shape[2] + spare, dtype=torch.int32)
-        expected = _REFERENCES["paged_attention_reference"](*attention_args(case))
-        rel = {torch.float32: 1e-5, torch.float16: 3e-3}[dtype]
-        for _ in range(2):
-            out = torch.full_like(case["q"], float("nan"))
-            with _no_combine_kernel(spare >= 0):
-                paged_attention(*attention_args(case), out=out, tokens_per_run=run_len or 1, num_splits=num_splits,
-                                backend="triton", split_counters=counters)
-            assert torch.isfinite(out).all(), "unwritten or poisoned output rows"
-            assert (out[case["q_pos"] < 0] == 0).all()
-            assert_attention_close(out, expected, rel=rel)
-            assert (counters == 0).all(), "the counters must be left at zero"
     return check
 
 
@@ -672,7 +581,6 @@ INTERPRETER_CHECKS: dict[str, Callable[[], None]] = {
     "gather_add_fp16": _gather_check(torch.float16),
     "gather_add_bf16": _gather_check(torch.bfloat16),
     "write_kv": _write_kv_check,
-    "rope_write_kv": _rope_write_kv_check,
     "attn_gqa_window_fp32": _attention_check("gqa_window_smaller_than_history", torch.float32),
     "attn_gqa_window_fp16_splits": _attention_check("gqa_window_smaller_than_history", torch.float16,
                                                     num_splits=3),
@@ -686,13 +594,6 @@ INTERPRETER_CHECKS: dict[str, Callable[[], None]] = {
     "attn_run_contract_violation": _run_contract_violation_check,
     "attn_tree_fp32": _tree_check(1),
     "attn_tree_splits_fp32": _tree_check(3),
-    "attn_tree_splits_fold_fp32": _tree_check(3, fold=True),
-    "attn_fold_gqa_window_fp16": _fold_check("gqa_window_smaller_than_history", torch.float16, num_splits=3),
-    "attn_fold_no_window_many_splits_fp32": _fold_check("no_window", torch.float32, num_splits=9),
-    "attn_fold_ring_wrap_runs_fp32": _fold_check("ring_wraparound", torch.float32, run_len=5, num_splits=2),
-    "attn_fold_encoder_runs_fp16": _fold_check("encoder_like", torch.float16, run_len=4, num_splits=4, spare=3),
-    "attn_fold_short_counters_fall_back": _fold_check("gqa_window_smaller_than_history", torch.float32,
-                                                      num_splits=3, spare=-1),
 }
 # Filled in the subprocess with the real references before the dispatch copies are disabled.
 _REFERENCES: dict[str, Callable] = {}
@@ -752,24 +653,6 @@ def test_gpu_gather_add_bitwise(dtype: torch.dtype) -> None:
     _assert_bitwise(out.cpu(), gather_add_loop({k: v.cpu() for k, v in case.items()}))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_write_kv_reference_is_rope_then_write_kv(dtype: torch.dtype) -> None:
-    check_rope_write_kv(make_rope_kv_case(dtype), "torch")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_gpu_rope_write_kv_bitwise(dtype: torch.dtype) -> None:
-    for shape in (dict(t=300, hq=32, hkv=8, d=128), dict(t=96, hq=32, hkv=32, d=64)):
-        case = make_rope_kv_case(dtype, "cuda", **shape)
-        case["k_cache"] = torch.full((40, 16, shape["hkv"], shape["d"]), float("nan"), dtype=dtype, device="cuda")
-        case["v_cache"] = torch.full_like(case["k_cache"], float("nan"))
-        g = torch.Generator(device="cuda").manual_seed(1)
-        case["slots"] = torch.randperm(40 * 16, generator=g, device="cuda")[:shape["t"]]
-        case["slots"][::5] = -1
-        check_rope_write_kv(case, "auto")
-
-
 @pytest.mark.gpu
 def test_gpu_write_kv_matches_reference() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -806,58 +689,12 @@ def test_gpu_paged_attention_matches_reference(name: str, dtype: torch.dtype) ->
     case = make_paged_case(1, dtype=dtype, device="cuda", last=last, q_lens=[q_len] * len(last),
                            run_len=run if run > 1 else None, q_scale=1.5, **shape)
     expected = paged_attention_reference(*attention_args(case))
-    runs = -(-case["q"].shape[0] // run)
-    counters = torch.zeros(runs * shape["hkv"], dtype=torch.int32, device="cuda")
     for num_splits in (None, 1, 7):
-        for split_counters in (None, counters):  # splits merged by a second kernel / in the attention kernel
-            out = torch.full_like(case["q"], float("nan"))
-            paged_attention(*attention_args(case), out=out, tokens_per_run=run, num_splits=num_splits,
-                            split_counters=split_counters)
-            assert torch.isfinite(out).all(), f"unwritten or poisoned rows (num_splits={num_splits})"
-            assert (out[case["q_pos"] < 0] == 0).all()
-            assert_attention_close(out, expected, rel=2e-2 if dtype == torch.bfloat16 else 5e-3)
-            assert (counters == 0).all()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["encoder_step_q4", "lm_decode_batch1_long", "lm_decode_batch16"])
-def test_gpu_folded_splits_are_race_free(name: str) -> None:
-    """12 attention calls sharing one counter buffer (a step's layers), with PDL, in a CUDA graph replayed 30
-    times: the last split program merges in a fixed order, so every replay must give the same bits, equal to
-    the reference; a merge that read a part before its split had written it would differ."""
-    shape, last, q_len, run = GPU_CASES[name]
-    case = make_paged_case(3, dtype=torch.bfloat16, device="cuda", last=last, q_lens=[q_len] * len(last),
-                           run_len=run if run > 1 else None, q_scale=1.5, **shape)
-    runs = -(-case["q"].shape[0] // run)
-    counters = torch.zeros(runs * shape["hkv"], dtype=torch.int32, device="cuda")
-    layers = 12
-    qs = [case["q"] * (1 + 0.1 * i) for i in range(layers)]
-    outs = [torch.full_like(case["q"], float("nan")) for _ in range(layers)]
-
-    def step() -> None:
-        for q, out in zip(qs, outs):
-            paged_attention(q, *attention_args(case)[1:], out=out, tokens_per_run=run, split_counters=counters)
-
-    step()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    first = None
-    for _ in range(30):
-        for out in outs:
-            out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        got = torch.stack(outs)
-        assert torch.isfinite(got).all()
-        if first is None:
-            first = got.clone()
-        _assert_bitwise(got, first)
-    assert (counters == 0).all()
-    for q, out in zip(qs, outs):
-        expected = paged_attention_reference(q, *attention_args(case)[1:])
-        assert_attention_close(out, expected, rel=2e-2)
+        out = torch.full_like(case["q"], float("nan"))
+        paged_attention(*attention_args(case), out=out, tokens_per_run=run, num_splits=num_splits)
+        assert torch.isfinite(out).all(), f"unwritten or poisoned rows (num_splits={num_splits})"
+        assert (out[case["q_pos"] < 0] == 0).all()
+        assert_attention_close(out, expected, rel=2e-2 if dtype == torch.bfloat16 else 5e-3)
 
 
 @pytest.mark.gpu

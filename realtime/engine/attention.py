@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from kernels.paged_attention import RunsPlan, paged_attention, rope_write_kv, write_kv
+from kernels.paged_attention import RunsPlan, paged_attention, write_kv
 
 from .kv_cache import PagedKVCache
 
@@ -19,8 +19,6 @@ from .kv_cache import PagedKVCache
 class PagedAttention:
     # the one-row decode's q/k/v projection writes the keys and values itself (`realtime.model.SupportsFusedKVWrite`)
     supports_fused_kv_write: ClassVar[Literal[True]] = True
-    # RoPE runs in the kernel that writes the keys and values (`realtime.model.SupportsRopeInAttend`)
-    supports_rope_in_attend: ClassVar[Literal[True]] = True
 
     def __init__(self, cache: PagedKVCache, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                  seq_ids: torch.Tensor, q_pos: torch.Tensor, tokens_per_run: int = 1,
@@ -42,19 +40,11 @@ class PagedAttention:
         write_kv(self.cache.k[layer], self.cache.v[layer], k[0], v[0], self.slot_mapping)
         return self.attend_cached(layer, q)
 
-    def attend_rope(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                    sin: torch.Tensor) -> torch.Tensor:
-        # [1, T, H, D] and cos/sin [1, T, D]: the batch is flattened into one row of tokens
-        q_rot = rope_write_kv(q[0], k[0], v[0], cos[0], sin[0], self.cache.k[layer], self.cache.v[layer],
-                              self.slot_mapping)
-        return self.attend_cached(layer, q_rot[None])
-
     def kv_destination(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.cache.k[layer], self.cache.v[layer], self.slot_mapping
 
     def attend_cached(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         out = paged_attention(q[0], self.cache.k[layer], self.cache.v[layer], self.block_tables, self.seq_ids,
                               self.q_pos, self.window, self.scale, tokens_per_run=self.tokens_per_run,
-                              tree_root=self.tree_root, tree_slots=self.tree_slots, plan=self.plan,
-                              split_counters=self.cache.split_counters)
+                              tree_root=self.tree_root, tree_slots=self.tree_slots, plan=self.plan)
         return out[None]

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.paged_attention import split_counter_buffer
-
 
 def ring_width(window: int | None, block_size: int, max_q_len: int, max_positions: int | None) -> int:
     """Blocks a stream needs so that no position a query can see is ever overwritten.
@@ -94,10 +92,6 @@ class PagedKVCache:
         self.ring_positions = self.width * spec.block_size
         self._slots_host = np.full((max_streams, self.ring_positions), -1, dtype=np.int64)
         self._owned: dict[int, list[int]] = {}
-        # the attention kernel's per-(run, kv head) counters (`kernels.paged_attention.split_counter_buffer`): a
-        # step of this cache has at most max_q_len query rows per stream (+1 stream: a graph bucket's padding).
-        # Only one attention call of a cache runs at a time (one CUDA stream per cache), so they share them
-        self.split_counters = split_counter_buffer((max_streams + 1) * spec.max_q_len, spec.kv_heads, device)
 
     def can_admit(self) -> bool:
         return self.pool.free >= self.width
