@@ -19,6 +19,7 @@ new metadata.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import triton
@@ -219,7 +220,8 @@ def choose_num_splits(num_runs: int, kv_heads: int, max_keys: int | None, device
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     want = triton.cdiv(PROGRAMS_PER_SM * sms, max(1, num_runs * kv_heads))
-    by_work = MAX_SPLITS if max_keys is None else triton.cdiv(max_keys, MIN_KEYS_PER_SPLIT)
+    min_keys = int(os.environ.get("STREAMSCRIBE_ATTN_MIN_KEYS", MIN_KEYS_PER_SPLIT))  # benchmarks try others
+    by_work = MAX_SPLITS if max_keys is None else triton.cdiv(max_keys, max(1, min_keys))
     return max(1, min(want, by_work, MAX_SPLITS))
 
 

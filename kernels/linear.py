@@ -9,11 +9,13 @@ and were slower: docs/benchmarks.md, twenty-third session.)
 
 Larger row counts, fp32, training and the CPU take `F.linear` (the reference).
 STREAMSCRIBE_SKINNY_ROWS (default 16, at most 16) is the largest row count sent to the Triton kernel;
-0 sends everything to `F.linear` (benchmarks A/B it).
+0 sends everything to `F.linear` (benchmarks A/B it). Projections whose output blocks leave SMs idle cut their K
+loop into ranges summed by a second small kernel (`_linear_triton.split_k_for`; STREAMSCRIBE_SPLIT_K=0: never).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -61,5 +63,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     x2 = _rows(x)
     y = torch.empty(x2.shape[0], weight.shape[0], device=x.device, dtype=x.dtype)
-    launch_linear(x2, weight, bias, y)
+    launch_linear(x2, weight, bias, y, splits=split_k(weight.shape[0], k, x.device))
     return y.view(*x.shape[:-1], weight.shape[0])
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def split_k(n: int, k: int, device: torch.device) -> int:
+    """K ranges for the kernel (`_linear_triton.split_k_for`): by the shape and the GPU's SM count (so the same
+    at capture and replay), 1 off CUDA or with STREAMSCRIBE_SPLIT_K=0 (benchmarks A/B it)."""
+    if device.type != "cuda" or os.environ.get("STREAMSCRIBE_SPLIT_K", "1") == "0":
+        return 1
+    from ._linear_triton import split_k_for
+
+    return split_k_for(n, k, _sm_count(device.index if device.index is not None else torch.cuda.current_device()))

@@ -16,6 +16,7 @@ from bench_speculative import median_run
 from drafter_accuracy import position_kinds
 from make_speech_clips import RATE, speed_warp
 from profile_tools import kernel_kind, summarize_kernels
+from step_inventory import kernel_table
 
 PAD = 32
 
@@ -75,6 +76,20 @@ def test_kernel_inventory_counts_overlaps_once_and_sorts_kernels_by_kind() -> No
                                      "silu_mul_kernel", "gather_add_kernel")] == [
         "attention", "gemm", "rope", "kv_write", "act", "gather_add"]
     assert summarize_kernels([], 3)["busy_us_per_step"] == 0.0
+
+
+def test_step_inventory_groups_kernels_by_name_and_grid() -> None:
+    """Two shapes of one kernel name stay apart (their grids differ); non-kernel events are left out."""
+    events = [{"cat": "kernel", "name": "skinny_linear_kernel", "dur": 4.0, "args": {"grid": [80, 1, 1]}},
+              {"cat": "kernel", "name": "skinny_linear_kernel", "dur": 6.0, "args": {"grid": [80, 1, 1]}},
+              {"cat": "kernel", "name": "skinny_linear_kernel", "dur": 9.0, "args": {"grid": [640, 1, 1]}},
+              {"cat": "kernel", "name": "attn", "dur": 3.0, "args": {"grid": [1, 8, 64]}},
+              {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "dur": 50.0, "args": {}}]
+    rows = kernel_table(events, steps=2)
+    assert [(r["name"], r["grid"]) for r in rows] == [("skinny_linear_kernel", [80, 1, 1]),
+                                                     ("skinny_linear_kernel", [640, 1, 1]), ("attn", [1, 8, 64])]
+    assert rows[0]["us_per_step"] == 5.0 and rows[0]["us_per_call"] == 5.0 and rows[0]["calls_per_step"] == 1.0
+    assert rows[1]["us_per_step"] == 4.5 and rows[2]["calls_per_step"] == 0.5
 
 
 def test_host_phases_times_one_engine_and_accounts_for_its_steps(tiny_ckpt) -> None:

@@ -75,6 +75,28 @@ def _kernel_equals_f_linear() -> None:
         torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-4, rtol=1e-5)
 
 
+def _split_k_equals_f_linear() -> None:
+    """The K loop cut into ranges (whole K tiles, the last one short) summed by the second kernel: equal to
+    F.linear (fp32 in the interpreter: exact indexing), with and without bias, on 1-16 rows; the same bits
+    on a second call; a split count above the tile count is cut to one range per tile."""
+    import kernels._linear_triton as lt
+
+    g = torch.Generator().manual_seed(4)
+    for m, k, n, splits in ((1, 1300, 40, 2), (4, 1300, 70, 3), (16, 700, 33, 8), (5, 2048, 20, 4), (3, 600, 9, 5)):
+        x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+        for b in (None, torch.randn(n, generator=g)):
+            y = torch.full((m, n), float("nan"))
+            lt.launch_linear(x, w, b, y, splits=splits)
+            torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-4, rtol=1e-5)
+            y2 = torch.full((m, n), float("nan"))
+            lt.launch_linear(x, w, b, y2, splits=splits)
+            assert torch.equal(y, y2)
+    x16, w16 = torch.randn(4, 1300, generator=g).half(), (torch.randn(70, 1300, generator=g) / 36).half()
+    y = torch.empty(4, 70, dtype=torch.float16)
+    lt.launch_linear(x16, w16, None, y, splits=4)
+    torch.testing.assert_close(y.float(), F.linear(x16.float(), w16.float()), atol=2e-2, rtol=1e-2)
+
+
 def _fallbacks_take_f_linear() -> None:
     with _counted_launches() as launched:
         x17 = torch.randn(17, 32).half()
@@ -89,7 +111,7 @@ def _fallbacks_take_f_linear() -> None:
         assert launched["n"] == 1
 
 
-@pytest.mark.parametrize("name", ["float16", "fallbacks"])
+@pytest.mark.parametrize("name", ["float16", "fallbacks", "split_k"])
 def test_triton_interpreter(name, interpreter_results):
     pytest.importorskip("triton")
     assert interpreter_results.get(name) == "ok", interpreter_results.get(name)
@@ -120,6 +142,24 @@ def test_limits_and_pdl_switches(monkeypatch):
     if torch.cuda.is_available():
         monkeypatch.setenv("STREAMSCRIBE_PDL", "0")
         assert not pdl_enabled(torch.device("cuda"))
+
+
+def test_split_k_only_where_output_blocks_leave_sms_idle(monkeypatch):
+    pytest.importorskip("triton")
+    from kernels._linear_triton import split_k_for
+    from kernels.linear import split_k
+
+    # the full-size encoder's o (2,048 -> 1,280) and down (5,120 -> 1,280) on 132 SMs: 80 programs -> 4 ranges
+    assert split_k_for(1280, 2048, 132) == 4 and split_k_for(1280, 5120, 132) == 4
+    assert split_k_for(6144, 1280, 132) == 1 and split_k_for(10240, 1280, 132) == 1  # enough programs already
+    assert split_k_for(384, 384, 132) == 2  # the default model: 24 programs, but only 2 K tiles
+    assert split_k_for(384, 256, 132) == 1  # one K tile: nothing to cut
+    assert split_k_for(16, 1 << 16, 132) == 8  # at most MAX_SPLITS
+    assert split_k(1280, 5120, torch.device("cpu")) == 1  # the CPU never splits (the interpreter is told)
+    if torch.cuda.is_available():
+        assert split_k(1280, 5120, torch.device("cuda")) > 1
+        monkeypatch.setenv("STREAMSCRIBE_SPLIT_K", "0")
+        assert split_k(1280, 5120, torch.device("cuda")) == 1
 
 
 def test_shape_mismatch_is_a_clear_error():
@@ -178,4 +218,5 @@ def test_gpu_kernel_and_pdl_chain_in_a_graph(rows, monkeypatch):
 
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    report_interpreter_checks({"float16": _kernel_equals_f_linear, "fallbacks": _fallbacks_take_f_linear})
+    report_interpreter_checks({"float16": _kernel_equals_f_linear, "fallbacks": _fallbacks_take_f_linear,
+                               "split_k": _split_k_equals_f_linear})

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -202,7 +203,10 @@ def _check_dot_equals_linear(dtype: torch.dtype, backend: str, device: str = "cp
         return add_rms_norm(x[None], None, nw, 1e-5, scale, backend=backend)[0]
 
     g = torch.Generator().manual_seed(3)
-    with _dot_configs():
+    # `linear` cuts the K loop of projections too narrow to fill the GPU (split_k_for), which sums in another
+    # order; the LM head, the one operation the one-row path runs on the tensor cores by default, is never cut at
+    # the full-size or the default model's shape (8,192 and 256 programs), so the comparison is with the uncut kernel
+    with _dot_configs(), mock.patch.dict(os.environ, {"STREAMSCRIBE_SPLIT_K": "0"}):
         for hidden, hq, hkv, d in ((300, 6, 3, 32), (520, 4, 2, 64)):
             h, nw, w, cos, sin = _case(g, dtype, device, hidden, hq, hkv, d)
             kc = torch.full((5, 4, hkv, d), float("nan"), dtype=dtype, device=device)

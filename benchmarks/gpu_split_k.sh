@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call for the twenty-seventh session's split-K projections (issue 3, B1). Everything in OUT/all.tgz:
+#   1. GPU tests: kernels.linear (split-K against F.linear, a PDL chain in a graph), the one-row path, the attention
+#      kernels, the engine (graphs on and off);
+#   2. B1 on the full-size random checkpoint (engine order, LM alone, encoder alone): the default against the code
+#      before (no_split_k) and with 64-key attention splits (attn_min_keys_64);
+#   3. the kernel inventory of the default (benchmarks/step_inventory.py);
+#   4. the embedded default model at batch 1 (engine order), default against no_split_k;
+#   5. the default model's offline speculation in bf16 (outputs identical to plain decoding or not).
+#   OUT=DIR bash benchmarks/gpu_split_k.sh         (carry .whl_gpu)
+set -u
+work=$(mktemp -d)
+source benchmarks/gpu_setup.sh "$work"
+gpu_tests tests_linear 120 tests/test_linear.py tests/test_one_row.py
+PYTHONUNBUFFERED=1 timeout 170 python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1 \
+  --modes ahead_encoder_stream,lm_only,encoder_only --variants default,no_split_k,attn_min_keys_64 --repeats 3 \
+  --out "$work/b1.json" > "$work/b1.log" 2>&1
+echo "b1 rc=$?"; grep -E "bench_encoder_overlap: |Error" "$work/b1.log" | tail -3
+pack "$OUT"
+PYTHONUNBUFFERED=1 timeout 60 python3 benchmarks/step_inventory.py --model /tmp/full --out "$work/inventory.json" \
+  > "$work/inventory.log" 2>&1
+echo "inventory rc=$?"; grep -E "step_inventory: [a-z]+:" "$work/inventory.log"
+PYTHONUNBUFFERED=1 timeout 60 python3 benchmarks/bench_encoder_overlap.py --model models/default --counts 1 \
+  --modes ahead_encoder_stream --variants default,no_split_k --repeats 3 --out "$work/b1_small.json" \
+  > "$work/b1_small.log" 2>&1
+echo "b1_small rc=$?"; grep -E "bench_encoder_overlap: |Error" "$work/b1_small.log" | tail -2
+timeout 70 python3 benchmarks/bench_speculative.py --target models/default \
+  --drafter models/default_drafter --audio demo/samples/heldout_nyc_f4.wav demo/samples/sample_en.wav \
+  --batches 1 --clip-seconds 30 --repeats 1 --skip-flush --device cuda --dtype bf16 --k 6 \
+  --out "$work/spec.json" > "$work/spec.log" 2>&1
+echo "spec rc=$?"; grep -E "offline batch|Error" "$work/spec.log" | tail -2
+pack "$OUT"
+gpu_tests tests_engine 150 tests/test_kernels.py tests/test_engine.py
+pack "$OUT"
