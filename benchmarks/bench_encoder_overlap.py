@@ -75,10 +75,11 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "one_row_head_dot": {"STREAMSCRIBE_ONE_ROW": "1", "STREAMSCRIBE_ONE_ROW_CONFIGS": json.dumps(
         {"head": json.loads(os.environ.get("BENCH_ONE_ROW_HEAD_CONFIG", "[64, 0, 2, 3, 1]"))})},
     "one_row_fma_head": {"STREAMSCRIBE_ONE_ROW": "1", "STREAMSCRIBE_ONE_ROW_CONFIGS": '{"head": [16, 256, 8, 1, 0]}'},
-    # the twenty-seventh session: the projections' K loop never cut (`kernels.linear.split_k`: the code before), and
-    # attention splits of at least 64 keys instead of 128 (the encoder's 750-frame window: 12 splits instead of 6)
+    # the twenty-seventh session: the projections' K loop never cut (`kernels.linear.split_k`), attention splits of
+    # at least 128 keys (the encoder's 750-frame window: 6 splits instead of 12), both (`before_s27`: the code before)
     "no_split_k": {"STREAMSCRIBE_SPLIT_K": "0"},
-    "attn_min_keys_64": {"STREAMSCRIBE_ATTN_MIN_KEYS": "64"},
+    "attn_min_keys_128": {"STREAMSCRIBE_ATTN_MIN_KEYS": "128"},
+    "before_s27": {"STREAMSCRIBE_SPLIT_K": "0", "STREAMSCRIBE_ATTN_MIN_KEYS": "128"},
     # the default kernels, the encoder's stream in a green context of N SMs (`RunnerOptions.encoder_sms`)
     **{f"encoder_sms_{n}": {"STREAMSCRIBE_ENCODER_SMS": str(n)} for n in (16, 32, 48, 64, 96)},
 }

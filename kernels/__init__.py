@@ -25,7 +25,8 @@ it may start while the previous kernel runs and waits for its results before rea
 for A/B runs (read at launch, so at graph capture): STREAMSCRIBE_PDL=0 (no PDL),
 STREAMSCRIBE_SKINNY_ROWS=N (the Triton projection for at most N rows; 0: always `F.linear`),
 STREAMSCRIBE_ONE_ROW_CONFIGS (launch configurations of `one_row`, JSON: operation -> [BLOCK_N, BLOCK_K,
-warps, stages, dot]).
+warps, stages, dot]), STREAMSCRIBE_SPLIT_K=0 (`linear` never cuts its K loop), STREAMSCRIBE_ATTN_MIN_KEYS=N (the
+fewest keys per attention split).
 """
 
 from ._dispatch import HAVE_TRITON

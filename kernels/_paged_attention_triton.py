@@ -28,7 +28,11 @@ import triton.language as tl
 from ._dispatch import pdl_launch_args
 from ._pdl_triton import pdl_prologue
 
-MIN_KEYS_PER_SPLIT = 128  # below this a split costs more in combining than it gains in parallelism
+# below this a split costs more in combining than it gains in parallelism. 64 (one key tile) since the
+# twenty-seventh session: the batch-1 encoder step (750-frame window, 32 heads) went from 6 splits to 12, and B1
+# from 3.039 to 2.991 ms on an H200 (one run, 3 alternating repeats each, all 3 faster; 128 before); the LM's
+# batch-1 split count is capped by MAX_SPLITS either way, and larger batches are capped by PROGRAMS_PER_SM
+MIN_KEYS_PER_SPLIT = 64
 MAX_SPLITS = 64
 PROGRAMS_PER_SM = 4  # target occupancy when choosing the number of splits
 
@@ -220,7 +224,11 @@ def choose_num_splits(num_runs: int, kv_heads: int, max_keys: int | None, device
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     want = triton.cdiv(PROGRAMS_PER_SM * sms, max(1, num_runs * kv_heads))
-    min_keys = int(os.environ.get("STREAMSCRIBE_ATTN_MIN_KEYS", MIN_KEYS_PER_SPLIT))  # benchmarks try others
+    try:  # STREAMSCRIBE_ATTN_MIN_KEYS: benchmarks try others (read at launch, so at graph capture)
+        min_keys = int(os.environ.get("STREAMSCRIBE_ATTN_MIN_KEYS", MIN_KEYS_PER_SPLIT))
+    except ValueError:
+        raise ValueError(f"STREAMSCRIBE_ATTN_MIN_KEYS must be a number of keys, got "
+                         f"{os.environ['STREAMSCRIBE_ATTN_MIN_KEYS']!r}") from None
     by_work = MAX_SPLITS if max_keys is None else triton.cdiv(max_keys, max(1, min_keys))
     return max(1, min(want, by_work, MAX_SPLITS))
 
