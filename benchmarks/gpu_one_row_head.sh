@@ -17,11 +17,7 @@ PYTHONUNBUFFERED=1 timeout 150 python3 benchmarks/bench_encoder_overlap.py --mod
   --modes ahead_encoder_stream,lm_only --variants default,one_row_fma_head,skinny_pdl --repeats 2 \
   --out "$work/b1.json" > "$work/b1.log" 2>&1
 echo "b1 rc=$?"; grep -E "bench_encoder_overlap: |Error" "$work/b1.log" | tail -3
-timeout 70 python3 benchmarks/bench_speculative.py --target models/default \
-  --drafter models/default_drafter --audio demo/samples/heldout_nyc_f4.wav demo/samples/sample_en.wav \
-  --batches 1 --clip-seconds 30 --repeats 1 --skip-flush --device cuda --dtype bf16 --k 6 \
-  --out "$work/spec.json" > "$work/spec.log" 2>&1
-echo "spec rc=$?"; grep -E "offline batch|Error" "$work/spec.log" | tail -2
+demo_spec spec
 pack "$out"
 gpu_tests tests_engine 150 tests/test_engine.py
 pack "$out"

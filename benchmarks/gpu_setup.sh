@@ -26,3 +26,13 @@ gpu_tests() {
 
 # pack OUT: everything in $GPU_DIR as OUT/all.tgz (a call brings back at most 8 files)
 pack() { tar czf "$1/all.tgz" -C "$GPU_DIR" .; }
+
+# demo_spec NAME: the default model's offline speculation in bf16 on the two demo samples (30 s each, k = 6, batch 1),
+# against plain decoding (outputs identical or not), into $GPU_DIR/NAME.json and .log; prints the summary line
+demo_spec() {
+  timeout 70 python3 benchmarks/bench_speculative.py --target models/default \
+    --drafter models/default_drafter --audio demo/samples/heldout_nyc_f4.wav demo/samples/sample_en.wav \
+    --batches 1 --clip-seconds 30 --repeats 1 --skip-flush --device cuda --dtype bf16 --k 6 \
+    --out "$GPU_DIR/$1.json" > "$GPU_DIR/$1.log" 2>&1
+  echo "$1 rc=$?"; grep -E "offline batch|Error" "$GPU_DIR/$1.log" | tail -2
+}

@@ -26,11 +26,7 @@ PYTHONUNBUFFERED=1 timeout 60 python3 benchmarks/bench_encoder_overlap.py --mode
   --modes ahead_encoder_stream --variants default,before_s27 --repeats 3 --out "$work/b1_small.json" \
   > "$work/b1_small.log" 2>&1
 echo "b1_small rc=$?"; grep -E "bench_encoder_overlap: |Error" "$work/b1_small.log" | tail -2
-timeout 70 python3 benchmarks/bench_speculative.py --target models/default \
-  --drafter models/default_drafter --audio demo/samples/heldout_nyc_f4.wav demo/samples/sample_en.wav \
-  --batches 1 --clip-seconds 30 --repeats 1 --skip-flush --device cuda --dtype bf16 --k 6 \
-  --out "$work/spec.json" > "$work/spec.log" 2>&1
-echo "spec rc=$?"; grep -E "offline batch|Error" "$work/spec.log" | tail -2
+demo_spec spec
 pack "$OUT"
 gpu_tests tests_engine 150 tests/test_kernels.py tests/test_engine.py
 pack "$OUT"
