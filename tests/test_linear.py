@@ -168,6 +168,26 @@ def test_shape_mismatch_is_a_clear_error():
         linear(torch.zeros(1, 8).half(), torch.zeros(4, 9).half(), backend="triton")
 
 
+@pytest.mark.gpu
+def test_gpu_split_k_rows_do_not_depend_on_the_batch():
+    """A row's result is the same bits alone and in a batch of up to 16 rows, with and without a cut K loop (the
+    split depends on the shape only), which is what lets a verify step's rows round as one-row steps of the same
+    kernel do."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from kernels._linear_triton import split_k_for
+
+    g = torch.Generator().manual_seed(5)
+    for k, n in ((5120, 1280), (2048, 1280), (384, 384), (1280, 6144)):
+        x = torch.randn(16, k, generator=g).cuda().bfloat16()
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).cuda().bfloat16()
+        b = torch.randn(n, generator=g).cuda().bfloat16()
+        full = linear(x, w, b)
+        for rows in (1, 4, 7):
+            assert torch.equal(linear(x[:rows], w, b), full[:rows]), (k, n, rows)
+        assert (split_k_for(n, k, torch.cuda.get_device_properties(0).multi_processor_count) > 1) == (n < 2048)
+
+
 def _dependent_chain(x: torch.Tensor, ws: list[torch.Tensor]) -> torch.Tensor:
     """Each kernel reads what the one before wrote: a projection, a fused norm, RoPE-free SiLU·mul."""
     from kernels.fused_ops import add_rms_norm, silu_mul
