@@ -217,6 +217,21 @@ def kernel_config(dtype: torch.dtype, block_m: int) -> tuple[int, int]:
     return 64, 4 if block_m <= 16 else 8
 
 
+def min_keys_per_split() -> int:
+    """MIN_KEYS_PER_SPLIT, or STREAMSCRIBE_ATTN_MIN_KEYS (a positive number of keys; benchmarks try others; read at
+    launch, so at graph capture)."""
+    text = os.environ.get("STREAMSCRIBE_ATTN_MIN_KEYS")
+    if text is None:
+        return MIN_KEYS_PER_SPLIT
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"STREAMSCRIBE_ATTN_MIN_KEYS must be a positive number of keys, got {text!r}")
+    return value
+
+
 def choose_num_splits(num_runs: int, kv_heads: int, max_keys: int | None, device: torch.device) -> int:
     """Splits per (run, kv head) so that about PROGRAMS_PER_SM programs per SM exist, each with
     at least MIN_KEYS_PER_SPLIT keys. Depends only on shapes (fixed for a captured graph)."""
@@ -224,12 +239,7 @@ def choose_num_splits(num_runs: int, kv_heads: int, max_keys: int | None, device
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     want = triton.cdiv(PROGRAMS_PER_SM * sms, max(1, num_runs * kv_heads))
-    try:  # STREAMSCRIBE_ATTN_MIN_KEYS: benchmarks try others (read at launch, so at graph capture)
-        min_keys = int(os.environ.get("STREAMSCRIBE_ATTN_MIN_KEYS", MIN_KEYS_PER_SPLIT))
-    except ValueError:
-        raise ValueError(f"STREAMSCRIBE_ATTN_MIN_KEYS must be a number of keys, got "
-                         f"{os.environ['STREAMSCRIBE_ATTN_MIN_KEYS']!r}") from None
-    by_work = MAX_SPLITS if max_keys is None else triton.cdiv(max_keys, max(1, min_keys))
+    by_work = MAX_SPLITS if max_keys is None else triton.cdiv(max_keys, min_keys_per_split())
     return max(1, min(want, by_work, MAX_SPLITS))
 
 

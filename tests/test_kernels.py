@@ -653,6 +653,20 @@ def test_gpu_gather_add_bitwise(dtype: torch.dtype) -> None:
     _assert_bitwise(out.cpu(), gather_add_loop({k: v.cpu() for k, v in case.items()}))
 
 
+def test_attention_min_keys_per_split_switch(monkeypatch) -> None:
+    pytest.importorskip("triton")
+    from kernels import _paged_attention_triton as pat
+
+    monkeypatch.delenv("STREAMSCRIBE_ATTN_MIN_KEYS", raising=False)
+    assert pat.min_keys_per_split() == pat.MIN_KEYS_PER_SPLIT == 64
+    monkeypatch.setenv("STREAMSCRIBE_ATTN_MIN_KEYS", "128")
+    assert pat.min_keys_per_split() == 128
+    for bad in ("0", "-5", "many"):
+        monkeypatch.setenv("STREAMSCRIBE_ATTN_MIN_KEYS", bad)
+        with pytest.raises(ValueError, match="STREAMSCRIBE_ATTN_MIN_KEYS must be a positive number"):
+            pat.min_keys_per_split()
+
+
 @pytest.mark.gpu
 def test_gpu_write_kv_matches_reference() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
