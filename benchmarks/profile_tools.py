@@ -4,9 +4,12 @@ functions of a run (cProfile). Used by bench_engine.py (B1) and bench_speculativ
 from __future__ import annotations
 
 import cProfile
+import json
 import pstats
 import statistics
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -50,6 +53,38 @@ def profile_kernels(fn: Callable[[], object], per: int | Callable[[], int]) -> d
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                if e.device_type == torch.autograd.DeviceType.CUDA]
     return summarize_kernels(kernels, per() if callable(per) else per)
+
+
+def kernel_grid_profile(step: Callable[[], object], steps: int, warmup: int = 5) -> dict:
+    """`step` run `steps` times under the profiler after `warmup` calls -> its kernels per (name, grid) per step
+    (`kernel_table`): the grid tells apart the shapes of one kernel name (the projections of one step)."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:  # the grids are in the chrome trace, not in `prof.events()`
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        table = kernel_table(json.loads(path.read_text())["traceEvents"], steps)
+    return {"kernels_per_step": sum(r["calls_per_step"] for r in table),
+            "kernel_us_per_step": sum(r["us_per_step"] for r in table), "kernels": table}
+
+
+def kernel_table(trace_events: list[dict], steps: int) -> list[dict]:
+    """Kernel events of a chrome trace -> rows per (name, grid): calls and µs per step, µs per call; the
+    most expensive first."""
+    groups: dict[tuple[str, tuple[int, ...]], list[float]] = {}
+    for ev in trace_events:
+        if ev.get("cat") != "kernel":
+            continue
+        grid = tuple(ev.get("args", {}).get("grid", ()))
+        groups.setdefault((ev["name"], grid), []).append(float(ev["dur"]))
+    rows = [{"name": name[:90], "grid": list(grid), "calls_per_step": len(d) / steps,
+             "us_per_step": sum(d) / steps, "us_per_call": sum(d) / len(d)} for (name, grid), d in groups.items()]
+    return sorted(rows, key=lambda r: -r["us_per_step"])
 
 
 def summarize_kernels(kernels: list[tuple[str, float, float]], steps: int, top_n: int = 15) -> dict:

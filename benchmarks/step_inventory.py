@@ -18,12 +18,10 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from pathlib import Path
 from unittest import mock
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -31,6 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_engine import SyntheticStreams, copy_bandwidth, random_checkpoint, time_steps, weight_bytes
+from profile_tools import kernel_grid_profile
 
 from realtime.engine.model_runner import ModelRunner, RunnerOptions
 from realtime.loader import load_model
@@ -38,37 +37,12 @@ from realtime.loader import load_model
 log = logging.getLogger("step_inventory")
 
 
-def kernel_table(trace_events: list[dict], steps: int) -> list[dict]:
-    """Kernel events of a chrome trace -> rows per (name, grid): calls and µs per step, µs per call; the
-    most expensive first."""
-    groups: dict[tuple[str, tuple[int, ...]], list[float]] = {}
-    for ev in trace_events:
-        if ev.get("cat") != "kernel":
-            continue
-        grid = tuple(ev.get("args", {}).get("grid", ()))
-        groups.setdefault((ev["name"], grid), []).append(float(ev["dur"]))
-    rows = [{"name": name[:90], "grid": list(grid), "calls_per_step": len(d) / steps,
-             "us_per_step": sum(d) / steps, "us_per_call": sum(d) / len(d)} for (name, grid), d in groups.items()]
-    return sorted(rows, key=lambda r: -r["us_per_step"])
-
-
 def profile_part(runner: ModelRunner, streams: int, parts: str, steps: int) -> dict:
     sim = SyntheticStreams(runner, streams, [750] * streams, parts=parts)
-    for _ in range(5):
-        sim.step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            sim.step()
-        torch.cuda.synchronize()
-    sim.release()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
-    table = kernel_table(events, steps)
-    return {"kernels_per_step": sum(r["calls_per_step"] for r in table),
-            "kernel_us_per_step": sum(r["us_per_step"] for r in table), "kernels": table}
+    try:
+        return kernel_grid_profile(sim.step, steps)
+    finally:
+        sim.release()
 
 
 def main() -> int:

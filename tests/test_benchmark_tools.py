@@ -15,8 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from bench_speculative import median_run
 from drafter_accuracy import position_kinds
 from make_speech_clips import RATE, speed_warp
-from profile_tools import kernel_kind, summarize_kernels
-from step_inventory import kernel_table
+from profile_tools import kernel_kind, kernel_table, summarize_kernels
 
 PAD = 32
 
