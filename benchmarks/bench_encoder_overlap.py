@@ -80,6 +80,9 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "no_split_k": {"STREAMSCRIBE_SPLIT_K": "0"},
     "attn_min_keys_128": {"STREAMSCRIBE_ATTN_MIN_KEYS": "128"},
     "before_s27": {"STREAMSCRIBE_SPLIT_K": "0", "STREAMSCRIBE_ATTN_MIN_KEYS": "128"},
+    # the attention reads its metadata before the PDL wait and requests keys and values together (prepared in the
+    # twenty-seventh session, opt-in until timed)
+    "attn_early": {"STREAMSCRIBE_ATTN_EARLY": "1"},
     # the default kernels, the encoder's stream in a green context of N SMs (`RunnerOptions.encoder_sms`)
     **{f"encoder_sms_{n}": {"STREAMSCRIBE_ENCODER_SMS": str(n)} for n in (16, 32, 48, 64, 96)},
 }

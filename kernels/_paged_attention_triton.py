@@ -61,6 +61,35 @@ def write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, num_heads,
 
 
 @triton.jit
+def _key_slots(kstart, end, bt_row, table_width, root, tslot_row, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+               HAS_TREE: tl.constexpr):
+    """(physical block, offset in it) of the key positions kstart .. kstart + BLOCK_N - 1 (those >= end: 0, unread)."""
+    kpos = kstart + tl.arange(0, BLOCK_N)
+    k_in = kpos < end
+    phys = tl.load(bt_row + (kpos // BLOCK_SIZE) % table_width, mask=k_in, other=0).to(tl.int64)
+    in_blk = (kpos % BLOCK_SIZE).to(tl.int64)
+    if HAS_TREE:
+        in_tree = k_in & (root >= 0) & (kpos > root)
+        tslot = tl.load(tslot_row + (kpos - root - 1), mask=in_tree, other=0).to(tl.int64)
+        phys = tl.where(in_tree, tslot // BLOCK_SIZE, phys)
+        in_blk = tl.where(in_tree, tslot % BLOCK_SIZE, in_blk)
+    return phys, in_blk
+
+
+@triton.jit
+def _scores(q, k, kpos, k_in, pos, good, window, scale_log2, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr):
+    """The tile's scores in the exp2 domain, -inf where a row may not attend."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    allowed = good[:, None] & k_in[None, :] & (kpos[None, :] <= pos[:, None])
+    if HAS_WINDOW:
+        allowed = allowed & (kpos[None, :] > pos[:, None] - window)
+    return tl.where(allowed, s * scale_log2, float("-inf"))
+
+
+@triton.jit
 def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr,
                            root_ptr, tslot_ptr,
                            num_tokens, window, table_width, scale_log2,
@@ -69,8 +98,9 @@ def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_pt
                            HQ: tl.constexpr, GROUP: tl.constexpr, RUN: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                           IEEE: tl.constexpr, HAS_TREE: tl.constexpr, USE_GDC: tl.constexpr):
-    pdl_prologue(USE_GDC)
+                           IEEE: tl.constexpr, HAS_TREE: tl.constexpr, EARLY: tl.constexpr, USE_GDC: tl.constexpr):
+    if not EARLY:
+        pdl_prologue(USE_GDC)
     run = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -99,6 +129,21 @@ def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_pt
     start = lo + split * chunk
     end = tl.minimum(start + chunk, hi + 1)
 
+    bt_row = bt_ptr + run_seq.to(tl.int64) * stride_bt  # only dereferenced when the run has queries
+    root = 0
+    tslot_row = tslot_ptr
+    if HAS_TREE:  # RUN == 1: the program's one token; keys after its root come from its own slot list
+        root = tl.load(root_ptr + run).to(tl.int32)
+        tslot_row = tslot_ptr + run.to(tl.int64) * stride_tslot
+    if EARLY:
+        # The step's metadata (positions, sequence ids, ring tables, tree slots) is copied from the host before the
+        # step's graphs start and never written by a kernel of the step, so it, and with it the first key tile's
+        # cache slots, is read before the PDL wait, while the kernel before still runs; the queries, keys and values
+        # (that kernel may have written this step's) only after it. Each tile's keys and values are then requested
+        # together, and the next tile's slots right behind them.
+        phys, in_blk = _key_slots(start, end, bt_row, table_width, root, tslot_row, BLOCK_N, BLOCK_SIZE, HAS_TREE)
+        pdl_prologue(USE_GDC)
+
     d = tl.arange(0, BLOCK_D)
     d_in = d < HEAD_DIM
     q_off = tok.to(tl.int64) * stride_qt + head * stride_qh
@@ -107,38 +152,29 @@ def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_pt
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    bt_row = bt_ptr + run_seq.to(tl.int64) * stride_bt  # only dereferenced when the run has queries
-    if HAS_TREE:  # RUN == 1: the program's one token; keys after its root come from its own slot list
-        root = tl.load(root_ptr + run).to(tl.int32)
-        tslot_row = tslot_ptr + run.to(tl.int64) * stride_tslot
     for kstart in range(start, end, BLOCK_N):
         kpos = kstart + tl.arange(0, BLOCK_N)
         k_in = kpos < end
-        phys = tl.load(bt_row + (kpos // BLOCK_SIZE) % table_width, mask=k_in, other=0).to(tl.int64)
-        in_blk = kpos % BLOCK_SIZE
-        if HAS_TREE:
-            in_tree = k_in & (root >= 0) & (kpos > root)
-            tslot = tl.load(tslot_row + (kpos - root - 1), mask=in_tree, other=0).to(tl.int64)
-            phys = tl.where(in_tree, tslot // BLOCK_SIZE, phys)
-            in_blk = tl.where(in_tree, tslot % BLOCK_SIZE, in_blk)
+        if not EARLY:
+            phys, in_blk = _key_slots(kstart, end, bt_row, table_width, root, tslot_row, BLOCK_N, BLOCK_SIZE,
+                                      HAS_TREE)
         kmask = k_in[:, None] & d_in[None, :]
         k = tl.load(k_ptr + (phys * stride_kb + in_blk * stride_ks + kvh * stride_kh)[:, None] + d[None, :],
                     mask=kmask, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        allowed = good[:, None] & k_in[None, :] & (kpos[None, :] <= pos[:, None])
-        if HAS_WINDOW:
-            allowed = allowed & (kpos[None, :] > pos[:, None] - window)
-        s = tl.where(allowed, s * scale_log2, float("-inf"))
+        if EARLY:
+            v = tl.load(v_ptr + (phys * stride_vb + in_blk * stride_vs + kvh * stride_vh)[:, None] + d[None, :],
+                        mask=kmask, other=0.0)
+            phys, in_blk = _key_slots(kstart + BLOCK_N, end, bt_row, table_width, root, tslot_row, BLOCK_N,
+                                      BLOCK_SIZE, HAS_TREE)
+        s = _scores(q, k, kpos, k_in, pos, good, window, scale_log2, HAS_WINDOW, IEEE)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet stay at 0
         alpha = tl.exp2(m_i - m_ref)
         p = tl.exp2(s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + (phys * stride_vb + in_blk * stride_vs + kvh * stride_vh)[:, None] + d[None, :],
-                    mask=kmask, other=0.0)
+        if not EARLY:
+            v = tl.load(v_ptr + (phys * stride_vb + in_blk * stride_vs + kvh * stride_vh)[:, None] + d[None, :],
+                        mask=kmask, other=0.0)
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -207,6 +243,14 @@ def launch_write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
                               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), slot_mapping.stride(0),
                               HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], BLOCK_H=triton.next_power_of_2(hkv),
                               BLOCK_D=triton.next_power_of_2(d), num_warps=4, **pdl_launch_args(k.device))
+
+
+def early_metadata() -> bool:
+    """Whether the attention kernel reads the step's metadata and its first key tile's cache slots before the PDL
+    wait, and requests each tile's keys and values together (`paged_attention_kernel`, EARLY). Off by default until
+    a GPU run has timed it (prepared in the twenty-seventh session, which had no device time left):
+    STREAMSCRIBE_ATTN_EARLY=1 turns it on (read at launch, so at graph capture)."""
+    return os.environ.get("STREAMSCRIBE_ATTN_EARLY", "0") == "1"
 
 
 def kernel_config(dtype: torch.dtype, block_m: int) -> tuple[int, int]:
@@ -286,7 +330,7 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             0 if tree_slots is None else tree_slots.stride(0),
             HQ=hq, GROUP=group, RUN=run, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_D=block_d,
             BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_WINDOW=has_window, IEEE=q.dtype == torch.float32,
-            HAS_TREE=tree_root is not None, num_warps=num_warps, num_stages=2,
+            HAS_TREE=tree_root is not None, EARLY=early_metadata(), num_warps=num_warps, num_stages=2,
             **pdl_launch_args(q.device))
         if num_splits > 1:
             combine_splits_kernel[(t, hq)](

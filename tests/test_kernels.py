@@ -573,6 +573,35 @@ def _run_contract_violation_check() -> None:
     assert (out[~is_query] == 0).all()
 
 
+def _with_env(env: dict[str, str], check: Callable[[], None]) -> Callable[[], None]:
+    """`check` with the environment switches `env` set (the kernels read them at launch)."""
+    def run() -> None:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            check()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return run
+
+
+def _early_is_taken_check() -> None:
+    """STREAMSCRIBE_ATTN_EARLY=1 reaches the kernel's EARLY switch (so the `attn_early_*` checks test that path)."""
+    from kernels import _paged_attention_triton as pat
+
+    assert not pat.early_metadata()
+    os.environ["STREAMSCRIBE_ATTN_EARLY"] = "1"
+    try:
+        assert pat.early_metadata()
+    finally:
+        del os.environ["STREAMSCRIBE_ATTN_EARLY"]
+
+
+EARLY = {"STREAMSCRIBE_ATTN_EARLY": "1"}
 # No bf16 attention here: triton 3.6's interpreter multiplies the raw bits of bf16 operands in tl.dot
 # (it stores bf16 as uint16), so bf16 attention is checked on the GPU only.
 INTERPRETER_CHECKS: dict[str, Callable[[], None]] = {
@@ -594,6 +623,22 @@ INTERPRETER_CHECKS: dict[str, Callable[[], None]] = {
     "attn_run_contract_violation": _run_contract_violation_check,
     "attn_tree_fp32": _tree_check(1),
     "attn_tree_splits_fp32": _tree_check(3),
+    # the metadata read before the PDL wait, keys and values requested together (STREAMSCRIBE_ATTN_EARLY=1)
+    "attn_early_switch": _early_is_taken_check,
+    "attn_early_gqa_window_fp16_splits": _with_env(EARLY, _attention_check("gqa_window_smaller_than_history",
+                                                                           torch.float16, num_splits=3)),
+    "attn_early_ring_wrap_runs_splits_fp32": _with_env(EARLY, _attention_check("ring_wraparound", torch.float32,
+                                                                               run_len=5, num_splits=2)),
+    "attn_early_block_size_one_fp32": _with_env(EARLY, _attention_check("block_size_one", torch.float32)),
+    "attn_early_encoder_runs_fp16": _with_env(EARLY, _attention_check("encoder_like", torch.float16, run_len=4)),
+    "attn_early_no_window_fp32": _with_env(EARLY, _attention_check("no_window", torch.float32, num_splits=2)),
+    "attn_early_run_contract_violation": _with_env(EARLY, _run_contract_violation_check),
+    "attn_early_tree_splits_fp32": _with_env(EARLY, _tree_check(3)),
+    # several key tiles per program (fp32 tiles hold 16 keys): the next tile's slots are read a tile ahead
+    "attn_early_multi_tile_encoder_fp32": _with_env(EARLY, _attention_check("encoder_like", torch.float32, run_len=4)),
+    "attn_early_multi_tile_long_window_fp32": _with_env(EARLY, _attention_check("window_larger_than_history",
+                                                                                torch.float32, run_len=4)),
+    "attn_early_multi_tile_tree_fp32": _with_env(EARLY, _tree_check(1)),
 }
 # Filled in the subprocess with the real references before the dispatch copies are disabled.
 _REFERENCES: dict[str, Callable] = {}
@@ -696,9 +741,11 @@ GPU_CASES = {
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("early", ["0", "1"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", list(GPU_CASES))
-def test_gpu_paged_attention_matches_reference(name: str, dtype: torch.dtype) -> None:
+def test_gpu_paged_attention_matches_reference(name: str, dtype: torch.dtype, early: str, monkeypatch) -> None:
+    monkeypatch.setenv("STREAMSCRIBE_ATTN_EARLY", early)  # the metadata read before the PDL wait, or after it
     shape, last, q_len, run = GPU_CASES[name]
     case = make_paged_case(1, dtype=dtype, device="cuda", last=last, q_lens=[q_len] * len(last),
                            run_len=run if run > 1 else None, q_scale=1.5, **shape)
@@ -712,8 +759,12 @@ def test_gpu_paged_attention_matches_reference(name: str, dtype: torch.dtype) ->
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_replay_matches_eager() -> None:
-    """write_kv + paged_attention + gather_add captured once, replayed with new metadata in place."""
+@pytest.mark.parametrize("early", ["0", "1"])
+def test_gpu_cuda_graph_replay_matches_eager(early: str, monkeypatch) -> None:
+    """write_kv + paged_attention + gather_add captured once, replayed with new metadata in place. With
+    STREAMSCRIBE_ATTN_EARLY=1 the attention reads its metadata before the PDL wait and the keys write_kv has just
+    written after it: a key read too early would differ from eager launches."""
+    monkeypatch.setenv("STREAMSCRIBE_ATTN_EARLY", early)
     dev, dtype = "cuda", torch.bfloat16
     case = make_paged_case(5, dtype=dtype, device=dev, last=[300, 40, 1000, 7], q_lens=[1] * 4, pad_rows=0,
                            hq=8, hkv=2, d=128, block_size=16, window=256)
