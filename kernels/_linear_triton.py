@@ -14,8 +14,11 @@ from ._pdl_triton import pdl_prologue
 def skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, K_PER_SPLIT,
                          HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, USE_GDC: tl.constexpr):
-    """One program per BLOCK_N output features and K range: the whole K loop (SPLIT False), or its part
-    [split * K_PER_SPLIT, +K_PER_SPLIT) written in fp32 to the workspace y[split] for `splitk_sum_kernel`.
+    """One program per BLOCK_N output features, K range and BLOCK_M-row tile: the whole K loop (SPLIT False), or
+    its part [split * K_PER_SPLIT, +K_PER_SPLIT) written in fp32 to the workspace y[split] for `splitk_sum_kernel`.
+    Every row tile runs the same code over the same K tiles, so a row's result never depends on the other rows
+    of the call, nor on how many there are (batch invariance: what makes a look-ahead chunk of 8 audio tokens
+    give the bits of 8 one-token calls).
 
     The first weight tile is requested before the PDL wait: weights never depend on the previous
     kernel, so at batch 1 their first DRAM round trip overlaps the previous kernel's tail."""
@@ -23,29 +26,30 @@ def skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_
     k_lo = tl.program_id(1) * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
+    rm = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = k_lo + tl.arange(0, BLOCK_K)
     n_in = rn < N
     m_in = rm < M
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     w = tl.load(w_rows + rk[None, :], mask=n_in[:, None] & (rk[None, :] < k_hi), other=0.0)
     pdl_prologue(USE_GDC)
-    x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_in[:, None] & (rk[None, :] < k_hi), other=0.0)
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
+    x = tl.load(x_rows + rk[None, :], mask=m_in[:, None] & (rk[None, :] < k_hi), other=0.0)
     acc = tl.dot(x, tl.trans(w))
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_rows + kk[None, :], mask=n_in[:, None] & (kk[None, :] < k_hi), other=0.0)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_in[:, None] & (kk[None, :] < k_hi),
-                    other=0.0)
+        x = tl.load(x_rows + kk[None, :], mask=m_in[:, None] & (kk[None, :] < k_hi), other=0.0)
         acc += tl.dot(x, tl.trans(w))
     out_mask = m_in[:, None] & n_in[None, :]
     if SPLIT:  # y is the fp32 workspace [splits, M, N] (row stride N)
         part = y_ptr + tl.program_id(1).to(tl.int64) * M * N
-        tl.store(part + rm[:, None] * N + rn[None, :], acc, mask=out_mask)
+        tl.store(part + rm.to(tl.int64)[:, None] * N + rn[None, :], acc, mask=out_mask)
     else:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=n_in, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=out_mask)
 
 
 @triton.jit
@@ -88,9 +92,9 @@ def split_k_for(n: int, k: int, sms: int) -> int:
 
 def launch_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
                   splits: int = 1) -> None:
-    """y[M, N] = x2[M, K] @ weight[N, K].T (+ bias), M <= 16; unit stride along K and N. splits > 1: the K
-    loop cut into that many ranges (whole K tiles), their fp32 sums added by a second kernel in a fixed order
-    (the same result on every run, and for a row in any batch of up to 16 rows)."""
+    """y[M, N] = x2[M, K] @ weight[N, K].T (+ bias); unit stride along K and N; rows in tiles of 16, each tile
+    computed alike. splits > 1: the K loop cut into that many ranges (whole K tiles), their fp32 sums added by
+    a second kernel in a fixed order (the same result on every run, and for a row in a call of any size)."""
     m, k = x2.shape
     n = weight.shape[0]
     block_n, block_k, warps = config_for(n, k)
@@ -100,7 +104,7 @@ def launch_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     out = y if splits == 1 else torch.empty(splits, m, n, device=y.device, dtype=torch.float32)
     b = bias if bias is not None else weight
     # tl.dot needs 16 rows: missing rows load as zeros and are never stored
-    skinny_linear_kernel[(triton.cdiv(n, block_n), splits)](
+    skinny_linear_kernel[(triton.cdiv(n, block_n), splits, triton.cdiv(m, 16))](
         x2, weight, b, out, m, n, k, x2.stride(0), weight.stride(0), y.stride(0), per_split * block_k,
         HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
         **pdl_launch_args(x2.device))

@@ -9,7 +9,11 @@ and were slower: docs/benchmarks.md, twenty-third session.)
 
 Larger row counts, fp32, training and the CPU take `F.linear` (the reference).
 STREAMSCRIBE_SKINNY_ROWS (default 16, at most 16) is the largest row count sent to the Triton kernel;
-0 sends everything to `F.linear` (benchmarks A/B it). Projections whose output blocks leave SMs idle cut their K
+0 sends everything to `F.linear` (benchmarks A/B it). A caller may send more rows, up to `max_rows`
+(the audio encoder: `INVARIANT_ROWS`): the kernel takes them in 16-row tiles computed alike, so each row's
+result is the one it gets alone, bit for bit, which cuBLAS does not promise across row counts. That is what
+lets the encoder take 8 audio tokens of look-ahead in one call and produce what 8 one-token calls do
+(lossless speculation in bf16, issue 5). Projections whose output blocks leave SMs idle cut their K
 loop into ranges summed by a second small kernel (`_linear_triton.split_k_for`; STREAMSCRIBE_SPLIT_K=0: never).
 """
 
@@ -24,6 +28,9 @@ import torch.nn.functional as F
 from ._dispatch import use_triton
 
 MAX_ROWS = 16  # the kernel pads rows to one 16-row tensor-core tile
+# rows a batch-invariant caller (the audio encoder) sends to the kernel: its conv stem at a look-ahead chunk of
+# 8 audio tokens (64 mel frames), its layers at 8 tokens of 4 frames (32 rows), or 16 streams of one token
+INVARIANT_ROWS = 64
 
 
 def skinny_rows_limit() -> int:
@@ -34,12 +41,14 @@ def skinny_rows_limit() -> int:
         raise ValueError(f"STREAMSCRIBE_SKINNY_ROWS must be an integer (0..{MAX_ROWS}), got {value!r}") from None
 
 
-def _takes_kernel(backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def _takes_kernel(backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  max_rows: int) -> bool:
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     tensors = (x, weight, bias)
+    limit = skinny_rows_limit()
     return (use_triton(backend, x.device) and x.dtype in (torch.float16, torch.bfloat16)
-            and 0 < rows <= skinny_rows_limit()
+            and 0 < rows <= (max(limit, max_rows) if limit else 0)
             and all(t is None or (t.dtype == x.dtype and t.stride(-1) == 1) for t in tensors[1:])
             and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)))
 
@@ -51,9 +60,11 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           backend: str = "auto") -> torch.Tensor:
-    """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N] in x's dtype, accumulated in fp32."""
-    if not _takes_kernel(backend, x, weight, bias):
+           backend: str = "auto", max_rows: int = MAX_ROWS) -> torch.Tensor:
+    """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N] in x's dtype, accumulated in fp32.
+    max_rows: up to this many rows take the Triton kernel (row by row the same result at any count up to it);
+    more take `F.linear`."""
+    if not _takes_kernel(backend, x, weight, bias, max_rows):
         return F.linear(x, weight, bias)
     k = x.shape[-1]
     if weight.shape[-1] != k or (bias is not None and bias.shape != weight.shape[:1]):

@@ -331,6 +331,19 @@ def paged_attention_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     return result
 
 
+def splits_for_streams(streams: int, kv_heads: int, window: int | None, tokens_per_run: int,
+                       device: torch.device) -> int | None:
+    """The Triton path's key splits for a call whose runs belong to `streams` streams, as if each stream had one
+    run (None off CUDA: the reference does not split). A caller that passes this as `num_splits` gets the same
+    splits, so the same sums, for a stream's run whether the call holds one run of it or several (the encoder's
+    look-ahead chunks: 8 audio tokens in one call give the bits of 8 one-token calls)."""
+    if device.type != "cuda":
+        return None
+    from ._paged_attention_triton import choose_num_splits
+
+    return choose_num_splits(streams, kv_heads, (window + tokens_per_run - 1) if window else None, device)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None, scale: float,
                     out: torch.Tensor | None = None, *, tokens_per_run: int = 1, num_splits: int | None = None,

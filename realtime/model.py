@@ -22,7 +22,7 @@ from typing_extensions import TypeIs
 
 from kernels import one_row
 from kernels.fused_ops import add_rms_norm, rope, silu_mul
-from kernels.linear import linear
+from kernels.linear import INVARIANT_ROWS, MAX_ROWS, linear
 
 from .config import DecoderConfig, EncoderConfig, ModelConfig
 
@@ -112,6 +112,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=v_bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=o_bias)
         self._qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.linear_rows = MAX_ROWS  # rows per call that take `linear`'s batch-invariant kernel (encoder: more)
 
     def fuse(self) -> None:
         """One [q;k;v] matrix for inference; q/k/v weights become views of it (no extra memory)."""
@@ -134,7 +135,7 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         if self._qkv is not None and not torch.is_grad_enabled():  # training keeps separate leaves
             nq, nk = self.heads * self.head_dim, self.kv_heads * self.head_dim
-            q, k, v = linear(x, *self._qkv).split([nq, nk, nk], dim=-1)
+            q, k, v = linear(x, *self._qkv, max_rows=self.linear_rows).split([nq, nk, nk], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.reshape(b, t, self.heads, self.head_dim)
@@ -142,7 +143,8 @@ class Attention(nn.Module):
         v = v.reshape(b, t, self.kv_heads, self.head_dim)
         q, k = rope(q, k, cos, sin)
         out = backend.attend(layer, q, k, v)
-        return linear(out.reshape(b, t, self.heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
+        return linear(out.reshape(b, t, self.heads * self.head_dim), self.o_proj.weight, self.o_proj.bias,
+                      max_rows=self.linear_rows)
 
 
 class SwiGLU(nn.Module):
@@ -152,6 +154,7 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=down_bias)
         self._gate_up: torch.Tensor | None = None
+        self.linear_rows = MAX_ROWS  # as Attention.linear_rows
 
     def fuse(self) -> None:
         w = torch.cat([self.gate_proj.weight.data, self.up_proj.weight.data])
@@ -161,7 +164,9 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._gate_up is not None and not torch.is_grad_enabled():
-            return linear(silu_mul(linear(x, self._gate_up)), self.down_proj.weight, self.down_proj.bias)
+            rows = self.linear_rows
+            return linear(silu_mul(linear(x, self._gate_up, max_rows=rows)), self.down_proj.weight,
+                          self.down_proj.bias, max_rows=rows)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -216,7 +221,8 @@ def _conv_as_linear(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     (k,), (stride,) = conv.kernel_size, conv.stride
     windows = x.unfold(1, k, stride)  # [B, L_out, C_in, k]
     b, n = windows.shape[:2]
-    return F.linear(windows.reshape(b, n, -1), conv.weight.reshape(conv.out_channels, -1), conv.bias)
+    return linear(windows.reshape(b, n, -1), conv.weight.reshape(conv.out_channels, -1), conv.bias,
+                  max_rows=INVARIANT_ROWS)
 
 
 class EncoderLayer(nn.Module):
@@ -227,6 +233,9 @@ class EncoderLayer(nn.Module):
         self.self_attn_layer_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.final_layer_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, down_bias=True)
+        # an encoder call's rows are its streams' new frames: row by row the same result whatever the chunk
+        # (a look-ahead of 8 audio tokens gives the bits of 8 one-token steps: lossless speculation)
+        self.self_attn.linear_rows = self.mlp.linear_rows = INVARIANT_ROWS
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 backend: AttentionBackend, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,7 +277,8 @@ class AudioAdapter(nn.Module):
         if t % self.factor:
             raise ValueError(f"adapter needs a multiple of {self.factor} encoder frames, got {t}")
         stacked = frames.reshape(b, t // self.factor, h * self.factor)
-        return linear(F.gelu(linear(stacked, self.linear_1.weight)), self.linear_2.weight)
+        h = linear(stacked, self.linear_1.weight, max_rows=INVARIANT_ROWS)
+        return linear(F.gelu(h), self.linear_2.weight, max_rows=INVARIANT_ROWS)
 
 
 # ---------------------------------------------------------------------------------------

@@ -572,3 +572,44 @@ def test_offline_command_transcribes_files_as_the_session_does(tiny_ckpt, tmp_pa
     (tmp_path / "bad.wav").write_bytes(b"not audio")
     assert offline.main(["--model", str(path), "--device", "cpu", str(tmp_path / "bad.wav")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_gpu_encoder_chunks_give_the_bits_of_one_token_calls(cuda_graphs):
+    """The embedded model in bf16: a stream's audio embeddings are the same bits whether the look-ahead encoder
+    takes its audio 8, 4, 2 or 1 token per call (speculation's catch-up) or one token per step (plain decoding).
+    The conv stem and the layers' projections take `linear`'s batch-invariant kernel up to INVARIANT_ROWS rows,
+    the attention splits by streams: what makes speculation lossless in bf16 (issue 5). Before, cuBLAS at 32 and
+    64 rows rounded otherwise, and most embeddings after the first differing frame differed."""
+    import torch
+
+    from realtime.audio import IncrementalLogMel, load_audio_file
+    from realtime.engine.model_runner import ModelRunner
+    from realtime.model_store import DEFAULT_MODEL_DIR
+
+    model, _ = load_model(DEFAULT_MODEL_DIR, device="cuda", dtype=torch.bfloat16)
+    audio = load_audio_file(str(DEFAULT_MODEL_DIR.parent.parent / "demo" / "samples" / "sample_en.wav"), 16000)
+    audio = np.concatenate([audio, np.zeros(3 * 16000, np.float32)])  # 96 tokens need 7.7 s after the left pad
+    plans = {"one token per call": [1] * 96, "chunks": [8] * 9 + [4, 2, 1, 1] + [8] * 2}
+    got = {}
+    for name, plan in plans.items():
+        runner = ModelRunner(model, RunnerOptions(max_streams=2, max_batch=2, max_step_tokens=8, encoder_chunk=8,
+                                                  cuda_graphs=cuda_graphs))
+        enc, cl = runner.encoder, runner.cache_len
+        runner.admit(1)
+        mel = IncrementalLogMel.for_stream(model.config)
+        mel.push(audio)
+        done, rows = 0, []
+        for n in plan:
+            frames = enc.mpt * n
+            enc.run(n, [mel.window(frames)], [1], [done])
+            mel.advance(frames)
+            torch.cuda.synchronize()
+            rows += [runner.audio_cache[1 * cl + (done + i) % cl].clone() for i in range(n)]
+            done += n
+        got[name] = torch.stack(rows)
+    a, b = got["one token per call"], got["chunks"]
+    assert a.shape == b.shape == (96, model.config.decoder.hidden_size)
+    differing = [i for i in range(96) if not torch.equal(a[i], b[i])]
+    assert not differing, f"tokens {differing[:8]} differ ({len(differing)} of 96)"

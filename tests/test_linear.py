@@ -97,6 +97,32 @@ def _split_k_equals_f_linear() -> None:
     torch.testing.assert_close(y.float(), F.linear(x16.float(), w16.float()), atol=2e-2, rtol=1e-2)
 
 
+def _row_tiles_are_rows_alone() -> None:
+    """Above 16 rows (a caller's `max_rows`, the audio encoder's INVARIANT_ROWS) the kernel takes the rows in
+    16-row tiles: equal to F.linear (fp32 in the interpreter: exact indexing), each row the bits it gets alone,
+    also with the K loop cut; one launch per call; more rows than `max_rows` take F.linear."""
+    import kernels._linear_triton as lt
+
+    g = torch.Generator().manual_seed(6)
+    for m, k, n, splits in ((40, 300, 70, 1), (64, 1300, 33, 3), (17, 257, 20, 1)):
+        x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        y = torch.full((m, n), float("nan"))
+        lt.launch_linear(x, w, b, y, splits=splits)
+        torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-4, rtol=1e-5)
+        for r in (0, 16, m - 1):
+            alone = torch.full((1, n), float("nan"))
+            lt.launch_linear(x[r:r + 1], w, b, alone, splits=splits)
+            assert torch.equal(alone[0], y[r]), (m, k, n, splits, r)
+    with _counted_launches() as launched:
+        x64, w16 = torch.randn(64, 96, generator=g).half(), torch.randn(24, 96, generator=g).half()
+        torch.testing.assert_close(linear(x64, w16, backend="triton", max_rows=64).float(),
+                                   F.linear(x64.float(), w16.float()), atol=2e-2, rtol=1e-2)
+        assert launched["n"] == 1
+        x65 = torch.randn(65, 96, generator=g).half()
+        torch.testing.assert_close(linear(x65, w16, backend="triton", max_rows=64), F.linear(x65, w16))
+        assert launched["n"] == 1, "65 rows over a 64-row limit must take F.linear"
+
+
 def _fallbacks_take_f_linear() -> None:
     with _counted_launches() as launched:
         x17 = torch.randn(17, 32).half()
@@ -111,7 +137,7 @@ def _fallbacks_take_f_linear() -> None:
         assert launched["n"] == 1
 
 
-@pytest.mark.parametrize("name", ["float16", "fallbacks", "split_k"])
+@pytest.mark.parametrize("name", ["float16", "fallbacks", "split_k", "row_tiles"])
 def test_triton_interpreter(name, interpreter_results):
     pytest.importorskip("triton")
     assert interpreter_results.get(name) == "ok", interpreter_results.get(name)
@@ -188,6 +214,27 @@ def test_gpu_split_k_rows_do_not_depend_on_the_batch():
         assert (split_k_for(n, k, torch.cuda.get_device_properties(0).multi_processor_count) > 1) == (n < 2048)
 
 
+@pytest.mark.gpu
+def test_gpu_row_tiles_give_every_row_its_bits_alone():
+    """Up to INVARIANT_ROWS rows (the audio encoder's calls), a row's result is the bits it gets alone, with and
+    without a cut K loop: the conv stem's and the encoder layers' shapes of both models. cuBLAS promised no such
+    thing: the look-ahead encoder's 32- and 64-row calls rounded otherwise than one-token steps (issue 5)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from kernels.linear import INVARIANT_ROWS
+
+    g = torch.Generator().manual_seed(7)
+    for k, n in ((384, 384), (1152, 384), (384, 2048), (1024, 384), (5120, 1280), (1280, 3840), (3840, 1280)):
+        x = torch.randn(INVARIANT_ROWS, k, generator=g).cuda().bfloat16()
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).cuda().bfloat16()
+        b = torch.randn(n, generator=g).cuda().bfloat16()
+        full = linear(x, w, b, max_rows=INVARIANT_ROWS)
+        torch.testing.assert_close(full.float(), F.linear(x.float(), w.float(), b.float()), atol=5e-2, rtol=2e-2)
+        for rows in (1, 4, 8, 17, 32):
+            assert torch.equal(linear(x[:rows], w, b, max_rows=INVARIANT_ROWS), full[:rows]), (k, n, rows)
+        assert torch.equal(linear(x[40:41], w, b), full[40:41]), (k, n)
+
+
 def _dependent_chain(x: torch.Tensor, ws: list[torch.Tensor]) -> torch.Tensor:
     """Each kernel reads what the one before wrote: a projection, a fused norm, RoPE-free SiLU·mul."""
     from kernels.fused_ops import add_rms_norm, silu_mul
@@ -239,4 +286,4 @@ def test_gpu_kernel_and_pdl_chain_in_a_graph(rows, monkeypatch):
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
     report_interpreter_checks({"float16": _kernel_equals_f_linear, "fallbacks": _fallbacks_take_f_linear,
-                               "split_k": _split_k_equals_f_linear})
+                               "split_k": _split_k_equals_f_linear, "row_tiles": _row_tiles_are_rows_alone})

@@ -1208,8 +1208,19 @@ def test_speculation_keeps_the_encoder_on_the_main_stream(trained_parallel):
     opts = runner_options_for(asked, cfg)
     assert asked.encoder_stream and not opts.encoder_stream
     assert dataclasses.replace(opts, encoder_stream=True, encoder_cache_tokens=asked.encoder_cache_tokens,
-                               encoder_chunk=asked.encoder_chunk) == asked
+                               encoder_chunk=asked.encoder_chunk, one_row_decode=None) == asked
     assert runner_options_for(opts, cfg) == opts
+
+
+def test_speculation_turns_the_one_row_path_off_unless_forced(trained_parallel):
+    """A speculative engine's plain steps must round as its verify steps do (lossless speculation in fp16/bf16):
+    `runner_options_for` turns the one-row batch-1 kernels off when the options leave them to the engine, and
+    keeps an explicit choice."""
+    cfg = spec_config(trained_parallel, 4)
+    auto = RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=False)
+    assert auto.one_row_decode is None and runner_options_for(auto, cfg).one_row_decode is False
+    for forced in (True, False):
+        assert runner_options_for(dataclasses.replace(auto, one_row_decode=forced), cfg).one_row_decode is forced
 
 
 @pytest.mark.parametrize("kind", ["chain", "parallel", "two_pass"])

@@ -22,15 +22,19 @@ class PagedAttention:
 
     def __init__(self, cache: PagedKVCache, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                  seq_ids: torch.Tensor, q_pos: torch.Tensor, tokens_per_run: int = 1,
-                 tree_root: torch.Tensor | None = None, tree_slots: torch.Tensor | None = None) -> None:
+                 tree_root: torch.Tensor | None = None, tree_slots: torch.Tensor | None = None,
+                 num_splits: int | None = None) -> None:
         """tokens_per_run: the queries come in runs of this many rows of one stream (encoder: the 4
         frames of an audio token), which lets the kernel read each key block once per run.
         tree_root/tree_slots: draft-tree rows read their ancestors' keys from listed slots
-        (`kernels.paged_attention`; speculation's tree verification)."""
+        (`kernels.paged_attention`; speculation's tree verification).
+        num_splits: the kernel's key splits (None: its own choice from the shapes; the encoder passes
+        `kernels.paged_attention.splits_for_streams`, so that a stream's result does not depend on its chunk)."""
         self.tree_root, self.tree_slots = tree_root, tree_slots
         self.cache = cache
         self.slot_mapping, self.block_tables, self.seq_ids, self.q_pos = slot_mapping, block_tables, seq_ids, q_pos
         self.tokens_per_run = tokens_per_run
+        self.num_splits = num_splits
         self.window = cache.spec.window
         self.scale = cache.spec.head_dim ** -0.5
         self.plan = RunsPlan()  # the CPU path's index work: made by the first layer, reused by the others
@@ -46,5 +50,6 @@ class PagedAttention:
     def attend_cached(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         out = paged_attention(q[0], self.cache.k[layer], self.cache.v[layer], self.block_tables, self.seq_ids,
                               self.q_pos, self.window, self.scale, tokens_per_run=self.tokens_per_run,
-                              tree_root=self.tree_root, tree_slots=self.tree_slots, plan=self.plan)
+                              tree_root=self.tree_root, tree_slots=self.tree_slots, plan=self.plan,
+                              num_splits=self.num_splits)
         return out[None]

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from kernels.paged_attention import splits_for_streams
+
 from .attention import PagedAttention
 from .cuda_graph import DecodeGraphRunner
 from .staging import Field, StagingRing, StepMetadata
@@ -105,9 +107,12 @@ class LookaheadEncoder:
         r.conv1_state.index_copy_(0, slots, s1)
         r.conv2_state.index_copy_(0, slots, s2)
         pos = m["pos"][:rows]
-        # each audio token's 4 frames are consecutive rows of one stream: one key read per 4 queries
+        # each audio token's 4 frames are consecutive rows of one stream: one key read per 4 queries; key splits
+        # by the streams, not the runs, so n tokens in one call give each stream the bits of n one-token calls
+        spec = r.enc_cache.spec
+        splits = splits_for_streams(b, spec.kv_heads, spec.window, self.fpt, r.device)
         backend = PagedAttention(r.enc_cache, m["slot_mapping"][:rows], m["tables"], self.seq[n][:rows], pos,
-                                 tokens_per_run=self.fpt)
+                                 tokens_per_run=self.fpt, num_splits=splits)
         hidden = r.model.audio_tower(frames.reshape(1, rows, -1), pos[None], backend)
         # the adapter stacks 4 consecutive frames: each stream's 4n frames are contiguous and aligned
         r.audio_cache.index_copy_(0, m["rows"][: b * n], r.model.multi_modal_projector(hidden)[0])

@@ -146,6 +146,13 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
         scratch = opts.max_streams * DraftTree(default_tree_paths(k, m), k).scratch_blocks(opts.block_size)
         if opts.lm_scratch_blocks < scratch:
             opts = replace(opts, lm_scratch_blocks=scratch)
+    if opts.one_row_decode is None:
+        # a stream's plain steps and its verify steps must round alike, or a near-tie in fp16/bf16 goes one way
+        # when its audio is live and another when it is backlogged: the one-row kernels sum in another order
+        # than the verify rows' projection, so speculation runs without them (twenty-eighth session, one H200, the
+        # look-ahead encoder at one token per call: with them 3 of 5 held-out clips matched plain decoding in bf16,
+        # without them 5 of 5). True keeps them, for a user who prefers that speed to bit-exact speculation
+        opts = replace(opts, one_row_decode=False)
     if opts.encoder_stream:
         # speculation keeps the encoder on the main stream: its rounds gained nothing measurable from the
         # encoder's own stream (docs/benchmarks.md, issue 5, twenty-second session), and one GPU run of

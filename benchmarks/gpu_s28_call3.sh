@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Twenty-eighth session, device call 3 (one H200; carry .whl_gpu, .bench_audio, .bench_audio_seen): lossless bf16
+# speculation. The audio encoder takes `linear`'s batch-invariant kernel up to 64 rows (conv stem, layers, adapter)
+# and splits its attention by streams; a speculative engine runs without the one-row batch-1 kernels.
+#   1. GPU tests: linear (row tiles: every row its bits alone), engine (encoder chunks = one-token calls, and the
+#      16-stream equality), speculation;
+#   2. bench_speculative, batch 1, k = 6, chain: the 5 held-out clips and the 5 seen-voice clips (identity against
+#      the same engine without a drafter, and against the default plain kernels);
+#   3. B1 on the full-size random checkpoint (the encoder's conv stem now takes the Triton kernel).
+#   OUT=DIR bash benchmarks/gpu_s28_call3.sh
+set -u
+work=$(mktemp -d)
+source benchmarks/gpu_setup.sh "$work"
+gpu_tests tests_lossless 240 tests/test_linear.py tests/test_engine.py tests/test_speculative.py
+pack "$OUT"
+spec() {  # NAME CLIPS: batch-1 offline speculation against plain decoding, bf16, k = 6
+  timeout 110 python3 benchmarks/bench_speculative.py --target models/default --drafter models/default_drafter \
+    --audio $2 --clip-seconds 45 --k 6 --dtype bf16 --batches 1 --repeats 3 --skip-flush \
+    --out "$work/$1.json" > "$work/$1.log" 2>&1
+  echo "$1 rc=$?"; grep -E "offline batch|Error" "$work/$1.log" | tail -1
+}
+spec heldout ".bench_audio/heldout_*"
+spec seen ".bench_audio_seen/train_*"
+pack "$OUT"
+PYTHONUNBUFFERED=1 timeout 100 python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1 \
+  --modes ahead_encoder_stream,lm_only,encoder_only --variants default --repeats 3 \
+  --out "$work/b1.json" > "$work/b1.log" 2>&1
+echo "b1 rc=$?"; grep -E "bench_encoder_overlap: |Error" "$work/b1.log" | tail -2
+pack "$OUT"
