@@ -82,7 +82,8 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "before_s27": {"STREAMSCRIBE_SPLIT_K": "0", "STREAMSCRIBE_ATTN_MIN_KEYS": "128"},
     # the attention reads its metadata before the PDL wait and requests keys and values together (prepared in the
     # twenty-seventh session, opt-in until timed)
-    "attn_early": {"STREAMSCRIBE_ATTN_EARLY": "1"},
+    "attn_early": {"STREAMSCRIBE_ATTN_EARLY": "1"},  # the default since the twenty-eighth session
+    "attn_late": {"STREAMSCRIBE_ATTN_EARLY": "0"},  # the attention's metadata read after the PDL wait (before it)
     # the default kernels, the encoder's stream in a green context of N SMs (`RunnerOptions.encoder_sms`)
     **{f"encoder_sms_{n}": {"STREAMSCRIBE_ENCODER_SMS": str(n)} for n in (16, 32, 48, 64, 96)},
 }

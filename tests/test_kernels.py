@@ -590,18 +590,23 @@ def _with_env(env: dict[str, str], check: Callable[[], None]) -> Callable[[], No
 
 
 def _early_is_taken_check() -> None:
-    """STREAMSCRIBE_ATTN_EARLY=1 reaches the kernel's EARLY switch (so the `attn_early_*` checks test that path)."""
+    """The kernel's EARLY switch is on by default and STREAMSCRIBE_ATTN_EARLY=0 reaches it (so the `attn_*` checks
+    test the path without it and the `attn_early_*` checks the one with it)."""
     from kernels import _paged_attention_triton as pat
 
-    assert not pat.early_metadata()
-    os.environ["STREAMSCRIBE_ATTN_EARLY"] = "1"
+    saved = os.environ.pop("STREAMSCRIBE_ATTN_EARLY", None)
     try:
         assert pat.early_metadata()
+        os.environ["STREAMSCRIBE_ATTN_EARLY"] = "0"
+        assert not pat.early_metadata()
     finally:
-        del os.environ["STREAMSCRIBE_ATTN_EARLY"]
+        os.environ.pop("STREAMSCRIBE_ATTN_EARLY", None)
+        if saved is not None:
+            os.environ["STREAMSCRIBE_ATTN_EARLY"] = saved
 
 
 EARLY = {"STREAMSCRIBE_ATTN_EARLY": "1"}
+LATE = {"STREAMSCRIBE_ATTN_EARLY": "0"}  # the metadata read after the PDL wait (the kernel before the default)
 # No bf16 attention here: triton 3.6's interpreter multiplies the raw bits of bf16 operands in tl.dot
 # (it stores bf16 as uint16), so bf16 attention is checked on the GPU only.
 INTERPRETER_CHECKS: dict[str, Callable[[], None]] = {
@@ -610,20 +615,23 @@ INTERPRETER_CHECKS: dict[str, Callable[[], None]] = {
     "gather_add_fp16": _gather_check(torch.float16),
     "gather_add_bf16": _gather_check(torch.bfloat16),
     "write_kv": _write_kv_check,
-    "attn_gqa_window_fp32": _attention_check("gqa_window_smaller_than_history", torch.float32),
-    "attn_gqa_window_fp16_splits": _attention_check("gqa_window_smaller_than_history", torch.float16,
-                                                    num_splits=3),
-    "attn_long_window_runs_fp16": _attention_check("window_larger_than_history", torch.float16, run_len=4),
-    "attn_no_window_splits_fp32": _attention_check("no_window", torch.float32, num_splits=2),
-    "attn_ring_wrap_runs_splits_fp32": _attention_check("ring_wraparound", torch.float32, run_len=5,
-                                                        num_splits=2),
-    "attn_block_size_one_fp32": _attention_check("block_size_one", torch.float32),
-    "attn_encoder_runs_fp16": _attention_check("encoder_like", torch.float16, run_len=4),
-    "attn_head_dim_24_fp32": _attention_check("gqa_window_smaller_than_history", torch.float32, d=24),
-    "attn_run_contract_violation": _run_contract_violation_check,
-    "attn_tree_fp32": _tree_check(1),
-    "attn_tree_splits_fp32": _tree_check(3),
-    # the metadata read before the PDL wait, keys and values requested together (STREAMSCRIBE_ATTN_EARLY=1)
+    # the metadata read after the PDL wait (STREAMSCRIBE_ATTN_EARLY=0; the default before the twenty-eighth session)
+    "attn_gqa_window_fp32": _with_env(LATE, _attention_check("gqa_window_smaller_than_history", torch.float32)),
+    "attn_gqa_window_fp16_splits": _with_env(LATE, _attention_check("gqa_window_smaller_than_history",
+                                                                    torch.float16, num_splits=3)),
+    "attn_long_window_runs_fp16": _with_env(LATE, _attention_check("window_larger_than_history", torch.float16,
+                                                                   run_len=4)),
+    "attn_no_window_splits_fp32": _with_env(LATE, _attention_check("no_window", torch.float32, num_splits=2)),
+    "attn_ring_wrap_runs_splits_fp32": _with_env(LATE, _attention_check("ring_wraparound", torch.float32, run_len=5,
+                                                                        num_splits=2)),
+    "attn_block_size_one_fp32": _with_env(LATE, _attention_check("block_size_one", torch.float32)),
+    "attn_encoder_runs_fp16": _with_env(LATE, _attention_check("encoder_like", torch.float16, run_len=4)),
+    "attn_head_dim_24_fp32": _with_env(LATE, _attention_check("gqa_window_smaller_than_history", torch.float32,
+                                                              d=24)),
+    "attn_run_contract_violation": _with_env(LATE, _run_contract_violation_check),
+    "attn_tree_fp32": _with_env(LATE, _tree_check(1)),
+    "attn_tree_splits_fp32": _with_env(LATE, _tree_check(3)),
+    # the metadata read before the PDL wait, keys and values requested together (the default)
     "attn_early_switch": _early_is_taken_check,
     "attn_early_gqa_window_fp16_splits": _with_env(EARLY, _attention_check("gqa_window_smaller_than_history",
                                                                            torch.float16, num_splits=3)),
