@@ -12,7 +12,8 @@ in the batched engine). The network code is therefore the same everywhere.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import ClassVar, Literal, Protocol
 
 import torch
@@ -398,6 +399,7 @@ class VoxtralRealtime(nn.Module):
         if not config.decoder.tie_word_embeddings:
             self.lm_head = nn.Linear(config.decoder.hidden_size, config.decoder.vocab_size, bias=False)
         self.delay_inv_freq = delay_inv_freq(config.decoder.hidden_size)
+        self.head_rows = MAX_ROWS  # rows per `logits` call that take `linear`'s batch-invariant kernel
 
     @property
     def device(self) -> torch.device:
@@ -456,7 +458,26 @@ class VoxtralRealtime(nn.Module):
         return table.index_select(1, delay_tokens.reshape(-1))[:, None]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(hidden, self.head_weight())
+        return linear(hidden, self.head_weight(), max_rows=self.head_rows)
+
+    @contextmanager
+    def lm_rows_invariant_to(self, rows: int) -> Iterator[None]:
+        """Within: the LM's projections and head send calls of up to `rows` rows to `linear`'s batch-invariant
+        kernel (each row the bits it gets alone), not to cuBLAS. A speculative verify step runs in it, so that its
+        rows (a draft tree of 24 is 25 rows at batch 1; a chain at batch 8 is up to 64) round as plain steps of up to
+        16 rows do, and speculation stays lossless in fp16/bf16. Module attributes, restored on exit; a CUDA graph
+        captured inside keeps the kernels it captured."""
+        mods = [m for layer in self.language_model.layers for m in (layer.self_attn, layer.mlp)]
+        saved = [m.linear_rows for m in mods], self.head_rows
+        for m in mods:
+            m.linear_rows = max(m.linear_rows, rows)
+        self.head_rows = max(self.head_rows, rows)
+        try:
+            yield
+        finally:
+            for m, r in zip(mods, saved[0]):
+                m.linear_rows = r
+            self.head_rows = saved[1]
 
     def supports_one_row_decode(self) -> bool:
         """Whether `one_row_logits` applies: the LM has no biases (true of this architecture) and its

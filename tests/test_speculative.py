@@ -1291,3 +1291,30 @@ def test_bytes_per_stream_is_what_a_slot_allocates(target, trained_parallel, mod
     assert per == sizes[1] - sizes[0]
     if spec is not None:
         assert per > bytes_per_stream(model, RunnerOptions(max_session_seconds=20.0))
+
+
+def test_verify_steps_run_with_batch_invariant_lm_rows(target, trained_parallel, monkeypatch):
+    """Every verify step runs inside `lm_rows_invariant_to(INVARIANT_ROWS)` (its rows, up to 64, take the kernel
+    that gives each row its one-row bits on the GPU), and the model's modules are back to their own row limits
+    after it, also when the step raises."""
+    from kernels.linear import INVARIANT_ROWS, MAX_ROWS
+
+    model, tok = target
+    entered = []
+    original = type(model).lm_rows_invariant_to
+
+    def spy(self, rows):
+        entered.append((rows, self.language_model.layers[0].mlp.linear_rows))
+        return original(self, rows)
+
+    monkeypatch.setattr(type(model), "lm_rows_invariant_to", spy)
+    clip = synthetic_audio(2.0, seed=11)
+    run_streams(model, tok, trained_parallel, [clip], [[clip.size]], k=4)  # all audio at once: catch-up rounds
+    assert entered and all(rows == INVARIANT_ROWS for rows, _ in entered)
+    layer = model.language_model.layers[0]
+    assert (layer.self_attn.linear_rows, layer.mlp.linear_rows, model.head_rows) == (MAX_ROWS,) * 3
+    with pytest.raises(RuntimeError), original(model, INVARIANT_ROWS):
+        assert layer.mlp.linear_rows == model.head_rows == INVARIANT_ROWS
+        raise RuntimeError("a failing step")
+    assert (layer.self_attn.linear_rows, layer.mlp.linear_rows, model.head_rows) == (MAX_ROWS,) * 3
+    assert model.audio_tower.layers[0].mlp.linear_rows == INVARIANT_ROWS  # the encoder's own, untouched

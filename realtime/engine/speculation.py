@@ -67,6 +67,7 @@ import numpy as np
 import torch
 
 from kernels.gather_add import gather_add_embeddings
+from kernels.linear import INVARIANT_ROWS
 from kernels.paged_attention import write_kv
 from speculative.capability import (  # the capability contract (torch-only module)
     drafter_receives_audio,
@@ -463,8 +464,11 @@ class Speculator:
                                  **tree)
         ada = model.ada_scales_for(m["v_dly"][:t])  # the runner's delay table, when it has one
         t_cond = None if ada is not None else model.t_cond(m["v_dly"][:t])[None]
-        hidden = model.decode(self.v_embeds[None, :t], pos[None], t_cond, backend, ada)[0]
-        self.v_next[:t] = model.logits(hidden).argmax(-1)
+        # up to 64 rows (a tree of 24 at batch 1, a chain at batch 8) take the batch-invariant kernel, so a verify
+        # row rounds as the same position in a plain step does: lossless in fp16/bf16
+        with model.lm_rows_invariant_to(INVARIANT_ROWS):
+            hidden = model.decode(self.v_embeds[None, :t], pos[None], t_cond, backend, ada)[0]
+            self.v_next[:t] = model.logits(hidden).argmax(-1)
         self.stash.index_copy_(0, m["v_stash"][:t], hidden)
 
     def _capture(self) -> None:
