@@ -64,7 +64,8 @@ class RunnerOptions:
     # STREAMSCRIBE_ONE_ROW=0; True forces it (on the CPU the references run, equal to the unfused path bit
     # for bit); False: never. Its kernels sum in another order than the multi-row projection (which gives a
     # row the same result in any batch of up to 16 rows), so in fp16/bf16 a token at a near-tie can differ
-    # between a batch-1 step and a larger batch or a speculative verify step; fp32 is exact either way
+    # between a batch-1 step and a larger batch; a speculative engine therefore leaves None as False (lossless
+    # speculation: `speculation.runner_options_for`); fp32 is exact either way
     one_row_decode: bool | None = None
 
 
