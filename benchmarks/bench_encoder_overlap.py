@@ -84,6 +84,9 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     # twenty-seventh session, opt-in until timed)
     "attn_early": {"STREAMSCRIBE_ATTN_EARLY": "1"},  # the default since the twenty-eighth session
     "attn_late": {"STREAMSCRIBE_ATTN_EARLY": "0"},  # the attention's metadata read after the PDL wait (before it)
+    # more than 16 rows of the encoder's projections on cuBLAS again (before the twenty-eighth session's
+    # batch-invariant encoder): batches of 5-16 streams
+    "encoder_rows_16": {"STREAMSCRIBE_INVARIANT_ROWS": "16"},
     # the default kernels, the encoder's stream in a green context of N SMs (`RunnerOptions.encoder_sms`)
     **{f"encoder_sms_{n}": {"STREAMSCRIBE_ENCODER_SMS": str(n)} for n in (16, 32, 48, 64, 96)},
 }

@@ -33,6 +33,22 @@ MAX_ROWS = 16  # the kernel pads rows to one 16-row tensor-core tile
 INVARIANT_ROWS = 64
 
 
+def invariant_rows_limit() -> int:
+    """The most rows a call's `max_rows` may send to the kernel: INVARIANT_ROWS, or STREAMSCRIBE_INVARIANT_ROWS
+    (16..64; 16: more than 16 rows take `F.linear` again, the encoder's projections before the twenty-eighth
+    session, for A/B runs of batches of 5-16 streams; read at each call, so at graph capture)."""
+    value = os.environ.get("STREAMSCRIBE_INVARIANT_ROWS")
+    if value is None:
+        return INVARIANT_ROWS
+    try:
+        rows = int(value)
+    except ValueError:
+        rows = 0
+    if not MAX_ROWS <= rows <= INVARIANT_ROWS:
+        raise ValueError(f"STREAMSCRIBE_INVARIANT_ROWS must be an integer in {MAX_ROWS}..{INVARIANT_ROWS}, got {value!r}")
+    return rows
+
+
 def skinny_rows_limit() -> int:
     value = os.environ.get("STREAMSCRIBE_SKINNY_ROWS", str(MAX_ROWS))
     try:
@@ -47,8 +63,9 @@ def _takes_kernel(backend: str, x: torch.Tensor, weight: torch.Tensor, bias: tor
     rows = x.numel() // k if k else 0
     tensors = (x, weight, bias)
     limit = skinny_rows_limit()
+    wide = min(max_rows, invariant_rows_limit()) if max_rows > MAX_ROWS else max_rows
     return (use_triton(backend, x.device) and x.dtype in (torch.float16, torch.bfloat16)
-            and 0 < rows <= (max(limit, max_rows) if limit else 0)
+            and 0 < rows <= (max(limit, wide) if limit else 0)
             and all(t is None or (t.dtype == x.dtype and t.stride(-1) == 1) for t in tensors[1:])
             and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)))
 

@@ -121,6 +121,14 @@ def _row_tiles_are_rows_alone() -> None:
         x65 = torch.randn(65, 96, generator=g).half()
         torch.testing.assert_close(linear(x65, w16, backend="triton", max_rows=64), F.linear(x65, w16))
         assert launched["n"] == 1, "65 rows over a 64-row limit must take F.linear"
+        os.environ["STREAMSCRIBE_INVARIANT_ROWS"] = "16"  # the A/B switch: above 16 rows F.linear again
+        try:
+            torch.testing.assert_close(linear(x64[:17], w16, backend="triton", max_rows=64), F.linear(x64[:17], w16))
+            assert launched["n"] == 1
+            linear(x64[:16], w16, backend="triton", max_rows=64)
+            assert launched["n"] == 2
+        finally:
+            del os.environ["STREAMSCRIBE_INVARIANT_ROWS"]
 
 
 def _fallbacks_take_f_linear() -> None:
@@ -168,6 +176,19 @@ def test_limits_and_pdl_switches(monkeypatch):
     if torch.cuda.is_available():
         monkeypatch.setenv("STREAMSCRIBE_PDL", "0")
         assert not pdl_enabled(torch.device("cuda"))
+
+
+def test_invariant_rows_switch_is_checked(monkeypatch):
+    from kernels.linear import INVARIANT_ROWS, invariant_rows_limit
+
+    monkeypatch.delenv("STREAMSCRIBE_INVARIANT_ROWS", raising=False)
+    assert invariant_rows_limit() == INVARIANT_ROWS
+    monkeypatch.setenv("STREAMSCRIBE_INVARIANT_ROWS", "32")
+    assert invariant_rows_limit() == 32
+    for bad in ("8", "65", "many"):
+        monkeypatch.setenv("STREAMSCRIBE_INVARIANT_ROWS", bad)
+        with pytest.raises(ValueError, match="STREAMSCRIBE_INVARIANT_ROWS must be an integer in 16..64"):
+            invariant_rows_limit()
 
 
 def test_split_k_only_where_output_blocks_leave_sms_idle(monkeypatch):
