@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 import pytest
 import torch
@@ -576,16 +577,8 @@ def _run_contract_violation_check() -> None:
 def _with_env(env: dict[str, str], check: Callable[[], None]) -> Callable[[], None]:
     """`check` with the environment switches `env` set (the kernels read them at launch)."""
     def run() -> None:
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with mock.patch.dict(os.environ, env):
             check()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     return run
 
 
@@ -594,15 +587,11 @@ def _early_is_taken_check() -> None:
     test the path without it and the `attn_early_*` checks the one with it)."""
     from kernels import _paged_attention_triton as pat
 
-    saved = os.environ.pop("STREAMSCRIBE_ATTN_EARLY", None)
-    try:
+    with mock.patch.dict(os.environ):
+        os.environ.pop("STREAMSCRIBE_ATTN_EARLY", None)
         assert pat.early_metadata()
         os.environ["STREAMSCRIBE_ATTN_EARLY"] = "0"
         assert not pat.early_metadata()
-    finally:
-        os.environ.pop("STREAMSCRIBE_ATTN_EARLY", None)
-        if saved is not None:
-            os.environ["STREAMSCRIBE_ATTN_EARLY"] = saved
 
 
 EARLY = {"STREAMSCRIBE_ATTN_EARLY": "1"}
