@@ -31,6 +31,21 @@ def use_triton(backend: str, device: torch.device) -> bool:
     raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
 
 
+def env_int(name: str, default: int, lo: int, hi: int, what: str) -> int:
+    """The integer environment switch `name` (read now: kernels read theirs at launch, so at graph capture), or
+    `default` when unset; a value outside lo..hi or not an integer is refused as "`name` must be `what`"."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = lo - 1
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be {what}, got {text!r}")
+    return value
+
+
 def check_index_tensor(name: str, t: torch.Tensor, length: int, device: torch.device) -> None:
     """Shape/dtype checks only (no values: reading them would sync the host with the GPU)."""
     if t.dtype not in (torch.int32, torch.int64):

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._dispatch import pdl_launch_args
+from ._dispatch import env_int, pdl_launch_args
 from ._pdl_triton import pdl_prologue
 
 # below this a split costs more in combining than it gains in parallelism. 64 (one key tile) since the
@@ -265,16 +265,7 @@ def kernel_config(dtype: torch.dtype, block_m: int) -> tuple[int, int]:
 def min_keys_per_split() -> int:
     """MIN_KEYS_PER_SPLIT, or STREAMSCRIBE_ATTN_MIN_KEYS (a positive number of keys; benchmarks try others; read at
     launch, so at graph capture)."""
-    text = os.environ.get("STREAMSCRIBE_ATTN_MIN_KEYS")
-    if text is None:
-        return MIN_KEYS_PER_SPLIT
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"STREAMSCRIBE_ATTN_MIN_KEYS must be a positive number of keys, got {text!r}")
-    return value
+    return env_int("STREAMSCRIBE_ATTN_MIN_KEYS", MIN_KEYS_PER_SPLIT, 1, 1 << 30, "a positive number of keys")
 
 
 def choose_num_splits(num_runs: int, kv_heads: int, max_keys: int | None, device: torch.device) -> int:

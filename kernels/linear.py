@@ -25,7 +25,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from ._dispatch import use_triton
+from ._dispatch import env_int, use_triton
 
 MAX_ROWS = 16  # the kernel pads rows to one 16-row tensor-core tile
 # rows a batch-invariant caller (the audio encoder) sends to the kernel: its conv stem at a look-ahead chunk of
@@ -37,16 +37,8 @@ def invariant_rows_limit() -> int:
     """The most rows a call's `max_rows` may send to the kernel: INVARIANT_ROWS, or STREAMSCRIBE_INVARIANT_ROWS
     (16..64; 16: more than 16 rows take `F.linear` again, the encoder's projections before the twenty-eighth
     session, for A/B runs of batches of 5-16 streams; read at each call, so at graph capture)."""
-    value = os.environ.get("STREAMSCRIBE_INVARIANT_ROWS")
-    if value is None:
-        return INVARIANT_ROWS
-    try:
-        rows = int(value)
-    except ValueError:
-        rows = 0
-    if not MAX_ROWS <= rows <= INVARIANT_ROWS:
-        raise ValueError(f"STREAMSCRIBE_INVARIANT_ROWS must be an integer in {MAX_ROWS}..{INVARIANT_ROWS}, got {value!r}")
-    return rows
+    return env_int("STREAMSCRIBE_INVARIANT_ROWS", INVARIANT_ROWS, MAX_ROWS, INVARIANT_ROWS,
+                   f"an integer in {MAX_ROWS}..{INVARIANT_ROWS}")
 
 
 def skinny_rows_limit() -> int:
@@ -57,15 +49,23 @@ def skinny_rows_limit() -> int:
         raise ValueError(f"STREAMSCRIBE_SKINNY_ROWS must be an integer (0..{MAX_ROWS}), got {value!r}") from None
 
 
+def kernel_rows(max_rows: int) -> int:
+    """The most rows a call with this `max_rows` sends to the kernel. A plain caller (max_rows <= 16): the
+    STREAMSCRIBE_SKINNY_ROWS limit. A batch-invariant caller: its max_rows, capped by STREAMSCRIBE_INVARIANT_ROWS,
+    and never below the plain limit. STREAMSCRIBE_SKINNY_ROWS=0 sends everything to `F.linear`."""
+    limit = skinny_rows_limit()
+    if not limit or max_rows <= MAX_ROWS:
+        return min(limit, max_rows)
+    return max(limit, min(max_rows, invariant_rows_limit()))
+
+
 def _takes_kernel(backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   max_rows: int) -> bool:
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     tensors = (x, weight, bias)
-    limit = skinny_rows_limit()
-    wide = min(max_rows, invariant_rows_limit()) if max_rows > MAX_ROWS else max_rows
     return (use_triton(backend, x.device) and x.dtype in (torch.float16, torch.bfloat16)
-            and 0 < rows <= (max(limit, wide) if limit else 0)
+            and 0 < rows <= kernel_rows(max_rows)
             and all(t is None or (t.dtype == x.dtype and t.stride(-1) == 1) for t in tensors[1:])
             and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)))
 

@@ -178,6 +178,22 @@ def test_limits_and_pdl_switches(monkeypatch):
         assert not pdl_enabled(torch.device("cuda"))
 
 
+def test_rows_sent_to_the_kernel_by_caller_and_switches(monkeypatch):
+    """A plain caller keeps STREAMSCRIBE_SKINNY_ROWS's limit (8 means 8, not 16); a batch-invariant caller gets its
+    own up to STREAMSCRIBE_INVARIANT_ROWS; 0 sends every call to F.linear."""
+    from kernels.linear import kernel_rows
+
+    monkeypatch.delenv("STREAMSCRIBE_SKINNY_ROWS", raising=False)
+    monkeypatch.delenv("STREAMSCRIBE_INVARIANT_ROWS", raising=False)
+    assert (kernel_rows(16), kernel_rows(32), kernel_rows(64)) == (16, 32, 64)
+    monkeypatch.setenv("STREAMSCRIBE_SKINNY_ROWS", "8")
+    assert (kernel_rows(16), kernel_rows(64)) == (8, 64)
+    monkeypatch.setenv("STREAMSCRIBE_INVARIANT_ROWS", "32")
+    assert (kernel_rows(16), kernel_rows(64)) == (8, 32)
+    monkeypatch.setenv("STREAMSCRIBE_SKINNY_ROWS", "0")
+    assert (kernel_rows(16), kernel_rows(64)) == (0, 0)
+
+
 def test_invariant_rows_switch_is_checked(monkeypatch):
     from kernels.linear import INVARIANT_ROWS, invariant_rows_limit
 
