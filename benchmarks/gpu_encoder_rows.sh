@@ -10,13 +10,7 @@
 set -u
 work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
-PYTHONUNBUFFERED=1 timeout 240 python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1,8,16 \
-  --modes ahead_encoder_stream,encoder_only --variants default,encoder_rows_16 --repeats 3 \
-  --out "$work/rows.json" > "$work/rows.log" 2>&1
-echo "rows rc=$?"; grep -E "bench_encoder_overlap: |Error" "$work/rows.log" | tail -3
+b1_ab rows 240 3 ahead_encoder_stream,encoder_only default,encoder_rows_16 1,8,16
 pack "$OUT"
-timeout 150 python3 benchmarks/bench_speculative.py --target models/default --drafter models/default_drafter \
-  --audio .bench_audio/heldout_* --clip-seconds 45 --k 6 --dtype bf16 --batches 16 --repeats 1 --skip-flush \
-  --out "$work/spec_b16.json" > "$work/spec_b16.log" 2>&1
-echo "spec_b16 rc=$?"; grep -E "offline batch|Error" "$work/spec_b16.log" | tail -1
+spec_run spec_b16 150 ".bench_audio/heldout_*" --batches 16 --repeats 1
 pack "$OUT"

@@ -7,10 +7,7 @@ work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
 gpu_tests tests_gpu 230 tests/test_kernels.py tests/test_engine.py tests/test_linear.py
 pack "$OUT"
-PYTHONUNBUFFERED=1 timeout 130 python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1 \
-  --modes ahead_encoder_stream,lm_only,encoder_only --variants default,before_s27 --repeats 3 \
-  --out "$work/b1.json" > "$work/b1.log" 2>&1
-echo "b1 rc=$?"; grep -E "bench_encoder_overlap: |Error" "$work/b1.log" | tail -2
+b1_ab b1 130 3 ahead_encoder_stream,lm_only,encoder_only default,before_s27
 pack "$OUT"
 if ls .bench_audio/heldout_* > /dev/null 2>&1; then
   TESTS=0 REPEATS=3 bash benchmarks/gpu_tree.sh "$work/spec" .bench_audio .whl_gpu 24

@@ -12,21 +12,10 @@ work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
 gpu_tests tests_kernels_linear 150 tests/test_kernels.py tests/test_linear.py
 pack "$OUT"
-PYTHONUNBUFFERED=1 timeout 150 python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1 \
-  --modes ahead_encoder_stream,lm_only,encoder_only --variants default,attn_early --repeats 3 \
-  --out "$work/b1.json" > "$work/b1.log" 2>&1
-echo "b1 rc=$?"; grep -E "bench_encoder_overlap: |Error" "$work/b1.log" | tail -2
+b1_ab b1 150 3 ahead_encoder_stream,lm_only,encoder_only default,attn_early
 pack "$OUT"
-spec() {  # NAME CLIPS ENV... : batch-1 offline speculation against plain decoding, bf16, k = 6
-  local name=$1 clips=$2
-  shift 2
-  env "$@" timeout 100 python3 benchmarks/bench_speculative.py --target models/default \
-    --drafter models/default_drafter --audio $clips --clip-seconds 45 --k 6 --dtype bf16 \
-    --batches 1 --repeats 1 --skip-flush ${PROFILE:-} --out "$work/$name.json" > "$work/$name.log" 2>&1
-  echo "$name rc=$?"; grep -E "offline batch|Error" "$work/$name.log" | tail -1
-}
-spec heldout_default ".bench_audio/heldout_*" STREAMSCRIBE_SPLIT_K=1
-spec heldout_one_row_off ".bench_audio/heldout_*" STREAMSCRIBE_ONE_ROW=0
+spec_run heldout_default 100 ".bench_audio/heldout_*" --batches 1 --repeats 1
+STREAMSCRIBE_ONE_ROW=0 spec_run heldout_one_row_off 100 ".bench_audio/heldout_*" --batches 1 --repeats 1
 pack "$OUT"
-PROFILE=--profile spec seen_default ".bench_audio_seen/train_*" STREAMSCRIBE_SPLIT_K=1
+spec_run seen_default 100 ".bench_audio_seen/train_*" --batches 1 --repeats 1 --profile
 pack "$OUT"

@@ -6,15 +6,8 @@
 set -u
 work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
-spec() {  # NAME ENV... : batch-1 offline speculation against plain decoding, bf16, k = 6, 5 held-out clips
-  local name=$1
-  shift
-  env "$@" timeout 100 python3 benchmarks/bench_speculative.py --target models/default \
-    --drafter models/default_drafter --audio .bench_audio/heldout_* --clip-seconds 45 --k 6 --dtype bf16 \
-    --batches 1 --repeats 1 --skip-flush ${SPEC_ARGS:-} --out "$work/$name.json" > "$work/$name.log" 2>&1
-  echo "$name rc=$?"; grep -E "offline batch|Error" "$work/$name.log" | tail -1
-}
-SPEC_ARGS="--lookahead-chunk 1" spec chunk1_default STREAMSCRIBE_SPLIT_K=1
-SPEC_ARGS="--lookahead-chunk 1" spec chunk1_one_row_off STREAMSCRIBE_ONE_ROW=0
-spec split_k_off STREAMSCRIBE_SPLIT_K=0
+clips=".bench_audio/heldout_*"
+spec_run chunk1_default 100 "$clips" --batches 1 --repeats 1 --lookahead-chunk 1
+STREAMSCRIBE_ONE_ROW=0 spec_run chunk1_one_row_off 100 "$clips" --batches 1 --repeats 1 --lookahead-chunk 1
+STREAMSCRIBE_SPLIT_K=0 spec_run split_k_off 100 "$clips" --batches 1 --repeats 1
 pack "$OUT"

@@ -13,17 +13,8 @@ work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
 gpu_tests tests_lossless 240 tests/test_linear.py tests/test_engine.py tests/test_speculative.py
 pack "$OUT"
-spec() {  # NAME CLIPS: batch-1 offline speculation against plain decoding, bf16, k = 6
-  timeout 110 python3 benchmarks/bench_speculative.py --target models/default --drafter models/default_drafter \
-    --audio $2 --clip-seconds 45 --k 6 --dtype bf16 --batches 1 --repeats 3 --skip-flush \
-    --out "$work/$1.json" > "$work/$1.log" 2>&1
-  echo "$1 rc=$?"; grep -E "offline batch|Error" "$work/$1.log" | tail -1
-}
-spec heldout ".bench_audio/heldout_*"
-spec seen ".bench_audio_seen/train_*"
+spec_run heldout 110 ".bench_audio/heldout_*" --batches 1 --repeats 3
+spec_run seen 110 ".bench_audio_seen/train_*" --batches 1 --repeats 3
 pack "$OUT"
-PYTHONUNBUFFERED=1 timeout 100 python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1 \
-  --modes ahead_encoder_stream,lm_only,encoder_only --variants default --repeats 3 \
-  --out "$work/b1.json" > "$work/b1.log" 2>&1
-echo "b1 rc=$?"; grep -E "bench_encoder_overlap: |Error" "$work/b1.log" | tail -2
+b1_ab b1 100 3 ahead_encoder_stream,lm_only,encoder_only default
 pack "$OUT"

@@ -5,10 +5,7 @@
 set -u
 work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
-PYTHONUNBUFFERED=1 timeout 200 python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts 1 \
-  --modes ahead_encoder_stream,lm_only --variants default,attn_early --repeats 5 \
-  --out "$work/b1.json" > "$work/b1.log" 2>&1
-echo "b1 rc=$?"; grep -E "bench_encoder_overlap: |Error" "$work/b1.log" | tail -2
+b1_ab b1 200 5 ahead_encoder_stream,lm_only default,attn_early
 pack "$OUT"
 STREAMSCRIBE_ATTN_EARLY=1 gpu_tests tests_engine_early 150 tests/test_engine.py
 pack "$OUT"

@@ -10,15 +10,7 @@ work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
 gpu_tests tests_final 240 tests/test_linear.py tests/test_engine.py tests/test_speculative.py
 pack "$OUT"
-spec() {  # NAME EXTRA_ARGS...: batch-1 offline speculation against plain decoding, bf16, k = 6
-  local name=$1
-  shift
-  timeout 110 python3 benchmarks/bench_speculative.py --target models/default --drafter models/default_drafter \
-    --audio .bench_audio/heldout_* --clip-seconds 45 --k 6 --dtype bf16 --batches 1 --repeats 3 --skip-flush \
-    "$@" --out "$work/$name.json" > "$work/$name.log" 2>&1
-  echo "$name rc=$?"; grep -E "offline batch|Error" "$work/$name.log" | tail -1
-}
-spec heldout_chain
+spec_run heldout_chain 110 ".bench_audio/heldout_*" --batches 1 --repeats 3
 pack "$OUT"
-spec heldout_tree24 --tree-nodes 24
+spec_run heldout_tree24 110 ".bench_audio/heldout_*" --batches 1 --repeats 3 --tree-nodes 24
 pack "$OUT"

@@ -36,3 +36,26 @@ demo_spec() {
     --out "$GPU_DIR/$1.json" > "$GPU_DIR/$1.log" 2>&1
   echo "$1 rc=$?"; grep -E "offline batch|Error" "$GPU_DIR/$1.log" | tail -2
 }
+
+# b1_ab NAME SECONDS REPEATS MODES VARIANTS [COUNTS]: bench_encoder_overlap.py on the full-size random checkpoint
+# (/tmp/full, made on first use) under a time limit, into $GPU_DIR/NAME.json and .log; prints the exit status and the
+# summary lines
+b1_ab() {
+  local name=$1 secs=$2 repeats=$3 modes=$4 variants=$5 counts=${6:-1}
+  PYTHONUNBUFFERED=1 timeout "$secs" python3 benchmarks/bench_encoder_overlap.py --model /tmp/full --counts "$counts" \
+    --modes "$modes" --variants "$variants" --repeats "$repeats" \
+    --out "$GPU_DIR/$name.json" > "$GPU_DIR/$name.log" 2>&1
+  echo "$name rc=$?"; grep -E "bench_encoder_overlap: |Error" "$GPU_DIR/$name.log" | tail -3
+}
+
+# spec_run NAME SECONDS CLIPS [ARGS...]: bench_speculative.py offline on the embedded model and drafter (bf16, k = 6,
+# clips cut to 45 s, no flush) with ARGS (--batches, --repeats, --tree-nodes ...), into $GPU_DIR/NAME.json and .log;
+# environment switches go before the call (STREAMSCRIBE_ONE_ROW=0 spec_run ...); prints the summary line
+spec_run() {
+  local name=$1 secs=$2 clips=$3
+  shift 3
+  timeout "$secs" python3 benchmarks/bench_speculative.py --target models/default --drafter models/default_drafter \
+    --audio $clips --clip-seconds 45 --k 6 --dtype bf16 --skip-flush "$@" \
+    --out "$GPU_DIR/$name.json" > "$GPU_DIR/$name.log" 2>&1
+  echo "$name rc=$?"; grep -E "offline batch|Error" "$GPU_DIR/$name.log" | tail -1
+}
