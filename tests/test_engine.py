@@ -613,3 +613,70 @@ def test_gpu_encoder_chunks_give_the_bits_of_one_token_calls(cuda_graphs):
     assert a.shape == b.shape == (96, model.config.decoder.hidden_size)
     differing = [i for i in range(96) if not torch.equal(a[i], b[i])]
     assert not differing, f"tokens {differing[:8]} differ ({len(differing)} of 96)"
+
+
+def test_encoder_projections_ask_for_batch_invariant_rows_and_the_lm_does_not(tiny_ckpt, monkeypatch):
+    """The routing behind lossless bf16 speculation, checked on the CPU (the GPU test above checks the bits): every
+    projection of the audio encoder (conv stem, layers, adapter) asks `linear` for INVARIANT_ROWS rows, every
+    projection of a plain LM step for the default 16 (more would move batches of 17-64 streams off cuBLAS)."""
+    import torch
+
+    import realtime.model as model_module
+    from kernels.linear import INVARIANT_ROWS, MAX_ROWS
+    from realtime.engine.offline import run_engine_offline
+
+    path = tiny_ckpt(seed=1)
+    model, _ = load_model(path)
+    encoder_weights = {p.data_ptr() for m in (model.audio_tower, model.multi_modal_projector) for p in m.parameters()}
+    lm_weights = {p.data_ptr() for p in model.language_model.parameters()} | {model.head_weight().data_ptr()}
+    asked: dict[str, set[int]] = {"encoder": set(), "lm": set()}
+    real = model_module.linear
+
+    def recording(x, weight, bias=None, *, max_rows=MAX_ROWS, **kw):
+        part = "encoder" if weight.data_ptr() in encoder_weights else "lm" if weight.data_ptr() in lm_weights else "?"
+        asked.setdefault(part, set()).add(max_rows)
+        return real(x, weight, bias, max_rows=max_rows, **kw)
+
+    monkeypatch.setattr(model_module, "linear", recording)
+    eng = BatchedEngine(model, load_tokenizer(path), opts=RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False))
+    with torch.no_grad():
+        run_engine_offline(eng, [synthetic_audio(1.5, seed=3), synthetic_audio(1.0, seed=4)])
+    assert asked == {"encoder": {INVARIANT_ROWS}, "lm": {MAX_ROWS}}, asked
+
+
+def test_lookahead_encoder_splits_its_attention_by_streams(tiny_ckpt, monkeypatch):
+    """The look-ahead encoder asks for its attention's key splits by the number of streams in the call, whatever
+    the tokens per stream (8 tokens of one stream are 8 runs of 4 frames, which the kernel's own choice would split
+    less: other sums than a one-token call's); and `splits_for_streams` is the kernel's choice for one run per
+    stream (the full-size encoder's shape on an H200's 132 SMs: 12 splits, where 8 runs would get 3)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import realtime.engine.lookahead as lookahead
+    from kernels._paged_attention_triton import choose_num_splits
+    from kernels.paged_attention import splits_for_streams
+    from realtime.audio import IncrementalLogMel
+    from realtime.engine.model_runner import ModelRunner
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(multi_processor_count=132))
+    cuda = torch.device("cuda")
+    assert splits_for_streams(1, 32, 750, 4, cuda) == choose_num_splits(1, 32, 753, cuda) == 12
+    assert choose_num_splits(8, 32, 753, cuda) == 3
+    assert splits_for_streams(1, 32, 750, 4, torch.device("cpu")) is None
+    monkeypatch.undo()
+
+    calls = []
+    monkeypatch.setattr(lookahead, "splits_for_streams", lambda *a: calls.append(a))
+    path = tiny_ckpt(seed=1)
+    model, _ = load_model(path)
+    runner = ModelRunner(model, RunnerOptions(max_streams=2, max_batch=2, max_step_tokens=8, encoder_chunk=8,
+                                              cuda_graphs=False))
+    runner.admit(0)
+    mel = IncrementalLogMel.for_stream(model.config)
+    mel.push(synthetic_audio(2.0, seed=5))
+    enc = runner.encoder
+    with torch.no_grad():
+        enc.run(8, [mel.window(enc.mpt * 8)], [0], [0])
+    spec = runner.enc_cache.spec
+    assert calls == [(1, spec.kv_heads, spec.window, enc.fpt, runner.device)]
