@@ -22,7 +22,9 @@ dependent launch: the code before the twenty-third session), `pdl` (PDL on the T
 `skinny` (few-row Triton projections, no PDL), `skinny_pdl` (both: the twenty-third session's default),
 `one_row` (and the fused one-row LM kernels of `kernels.one_row` at batch 1: the default since the
 twenty-fifth session), `one_row_fused_gate_up` (with the gate/up fused too, STREAMSCRIBE_ONE_ROW_GATE_UP=1),
-`encoder_sms_N` (the default kernels, the encoder confined to a green context of N SMs: STREAMSCRIBE_ENCODER_SMS).
+`encoder_sms_N` (the default kernels, the encoder confined to a green context of N SMs: STREAMSCRIBE_ENCODER_SMS),
+`priority_encoder` / `priority_lm` (the encoder's or the LM's graphs on the highest stream priority:
+STREAMSCRIBE_STREAM_PRIORITY).
 
 Drives `ModelRunner` directly (graphs on) through `bench_engine.SyntheticStreams`, at a session age of
 one minute. DIR without a checkpoint gets the full-size random one (`gpu_model_parity.build_checkpoint`).
@@ -87,6 +89,12 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     # more than 16 rows of the encoder's projections on cuBLAS again (before the twenty-eighth session's
     # batch-invariant encoder): batches of 5-16 streams
     "encoder_rows_16": {"STREAMSCRIBE_INVARIANT_ROWS": "16"},
+    # a plain runner's encoder projections on the batch-invariant kernel up to 64 rows, as a speculative runner's
+    # (the default of every runner in the twenty-eighth session; since the twenty-ninth plain runners take 16)
+    "encoder_rows_64": {"STREAMSCRIBE_ENCODER_ROWS": "64"},
+    # the block scheduler favours the encoder's graphs or the LM's (`RunnerOptions.stream_priority`)
+    "priority_encoder": {"STREAMSCRIBE_STREAM_PRIORITY": "encoder"},
+    "priority_lm": {"STREAMSCRIBE_STREAM_PRIORITY": "lm"},
     # the default kernels, the encoder's stream in a green context of N SMs (`RunnerOptions.encoder_sms`)
     **{f"encoder_sms_{n}": {"STREAMSCRIBE_ENCODER_SMS": str(n)} for n in (16, 32, 48, 64, 96)},
 }

@@ -8,9 +8,9 @@
 #   2. bench_speculative at batch 16 on the default model (5 held-out clips cycled), k = 6.
 #   OUT=DIR bash benchmarks/gpu_encoder_rows.sh
 set -u
-work=$(mktemp -d)
+work=${GPU_WORK:-$(mktemp -d)}
 source benchmarks/gpu_setup.sh "$work"
-b1_ab rows 240 3 ahead_encoder_stream,encoder_only default,encoder_rows_16 1,8,16
+b1_ab rows ${ROWS_SECS:-240} 3 ahead_encoder_stream,encoder_only default,encoder_rows_16 1,8,16
 pack "$OUT"
 spec_run spec_b16 150 ".bench_audio/heldout_*" --batches 16 --repeats 1
 pack "$OUT"

@@ -185,6 +185,7 @@ class ConvStem(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv1d(n_mels, hidden, kernel_size=3)
         self.conv2 = nn.Conv1d(hidden, hidden, kernel_size=3, stride=2)
+        self.linear_rows = INVARIANT_ROWS  # CUDA inference: `linear`'s max_rows (`VoxtralRealtime.encoder_rows`)
 
     def initial_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return (torch.zeros(batch, self.conv1.in_channels, 2, device=device, dtype=dtype),
@@ -210,20 +211,20 @@ class ConvStem(nn.Module):
                            ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """`forward` after its first concatenation (x1 = [conv1 state; mel]), the convolutions as
         matrix products (any device; tested against the convolutions on the CPU)."""
-        y1 = F.gelu(_conv_as_linear(x1.transpose(1, 2), self.conv1))  # [B, F, hidden]
+        y1 = F.gelu(_conv_as_linear(x1.transpose(1, 2), self.conv1, self.linear_rows))  # [B, F, hidden]
         x2 = torch.cat([state2.transpose(1, 2), y1], dim=1)
-        y2 = F.gelu(_conv_as_linear(x2, self.conv2))
+        y2 = F.gelu(_conv_as_linear(x2, self.conv2, self.linear_rows))
         return y2, (x1[..., -2:], x2[:, -1:].transpose(1, 2))
 
 
-def _conv_as_linear(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+def _conv_as_linear(x: torch.Tensor, conv: nn.Conv1d, max_rows: int) -> torch.Tensor:
     """`conv` (no padding or dilation) of time-major x [B, L, C_in] -> [B, L_out, C_out]: the windows
     [B, L_out, C_in, k] flattened channel-major match the weight [C_out, C_in, k] viewed as a matrix."""
     (k,), (stride,) = conv.kernel_size, conv.stride
     windows = x.unfold(1, k, stride)  # [B, L_out, C_in, k]
     b, n = windows.shape[:2]
     return linear(windows.reshape(b, n, -1), conv.weight.reshape(conv.out_channels, -1), conv.bias,
-                  max_rows=INVARIANT_ROWS)
+                  max_rows=max_rows)
 
 
 class EncoderLayer(nn.Module):
@@ -272,14 +273,15 @@ class AudioAdapter(nn.Module):
         self.factor = factor
         self.linear_1 = nn.Linear(enc_hidden * factor, lm_hidden, bias=False)
         self.linear_2 = nn.Linear(lm_hidden, lm_hidden, bias=False)
+        self.linear_rows = INVARIANT_ROWS  # `linear`'s max_rows (`VoxtralRealtime.encoder_rows`)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         b, t, h = frames.shape
         if t % self.factor:
             raise ValueError(f"adapter needs a multiple of {self.factor} encoder frames, got {t}")
         stacked = frames.reshape(b, t // self.factor, h * self.factor)
-        h = linear(stacked, self.linear_1.weight, max_rows=INVARIANT_ROWS)
-        return linear(F.gelu(h), self.linear_2.weight, max_rows=INVARIANT_ROWS)
+        h = linear(stacked, self.linear_1.weight, max_rows=self.linear_rows)
+        return linear(F.gelu(h), self.linear_2.weight, max_rows=self.linear_rows)
 
 
 # ---------------------------------------------------------------------------------------
@@ -459,6 +461,25 @@ class VoxtralRealtime(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return linear(hidden, self.head_weight(), max_rows=self.head_rows)
+
+    @contextmanager
+    def encoder_rows(self, rows: int) -> Iterator[None]:
+        """Within: the audio encoder's projections (conv stem, layers, adapter) send calls of up to `rows` rows to
+        `linear`'s batch-invariant kernel, and larger ones to cuBLAS (outside: INVARIANT_ROWS). A row's bits do not
+        depend on `rows` as long as its call takes the kernel. A runner encodes in it (`RunnerOptions.encoder_rows`):
+        look-ahead chunks need INVARIANT_ROWS (8 tokens in one call give the bits of 8 one-token calls), plain
+        steps of 5-16 streams are faster on cuBLAS. Module attributes, restored on exit; a CUDA graph captured
+        inside keeps the kernels it captured."""
+        tower, adapter = self.audio_tower, self.multi_modal_projector
+        mods = [tower.embedder, adapter, *(m for layer in tower.layers for m in (layer.self_attn, layer.mlp))]
+        saved = [m.linear_rows for m in mods]
+        for m in mods:
+            m.linear_rows = rows
+        try:
+            yield
+        finally:
+            for m, r in zip(mods, saved):
+                m.linear_rows = r
 
     @contextmanager
     def lm_rows_invariant_to(self, rows: int) -> Iterator[None]:

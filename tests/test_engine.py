@@ -136,6 +136,48 @@ def test_encoder_sms_is_checked(tiny_ckpt, monkeypatch):
         ModelRunner(model, RunnerOptions(max_streams=2, max_batch=2))
 
 
+def test_stream_priority_is_checked(monkeypatch):
+    """`RunnerOptions.stream_priority` names the favoured chain; None reads STREAMSCRIBE_STREAM_PRIORITY (default
+    none); anything else is refused with the option's or the variable's name."""
+    from realtime.engine.model_runner import favoured_chain
+
+    monkeypatch.delenv("STREAMSCRIBE_STREAM_PRIORITY", raising=False)
+    assert favoured_chain(RunnerOptions()) == "none"
+    assert favoured_chain(RunnerOptions(stream_priority="lm")) == "lm"
+    monkeypatch.setenv("STREAMSCRIBE_STREAM_PRIORITY", "encoder")
+    assert favoured_chain(RunnerOptions()) == "encoder"
+    assert favoured_chain(RunnerOptions(stream_priority="none")) == "none"  # the option wins
+    with pytest.raises(ValueError, match="stream_priority must be one of none, encoder, lm, got 'decoder'"):
+        favoured_chain(RunnerOptions(stream_priority="decoder"))
+    monkeypatch.setenv("STREAMSCRIBE_STREAM_PRIORITY", "high")
+    with pytest.raises(ValueError, match="STREAMSCRIBE_STREAM_PRIORITY must be one of"):
+        favoured_chain(RunnerOptions())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("favoured", ["encoder", "lm"])
+def test_stream_priority_on_gpu(tiny_ckpt, favoured):
+    """The CPU scenario with one chain's graphs captured on the highest stream priority: the same tokens (only
+    the order of blocks on the SMs changes). The favoured graphs' capture stream has that priority, and a green
+    context (whose stream has the default priority) cannot be combined with it."""
+    import torch
+
+    from realtime.engine.model_runner import ModelRunner
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path = tiny_ckpt(seed=1)
+    model, _ = load_model(path, device="cuda")
+    opts = RunnerOptions(max_streams=12, max_batch=8, block_size=16, stream_priority=favoured)
+    run_join_leave_scenario(model, load_tokenizer(path), opts)
+    runner = ModelRunner(model, RunnerOptions(max_streams=2, max_batch=2, stream_priority=favoured))
+    _, greatest = torch.cuda.Stream.priority_range()
+    graphs = runner.graphs if favoured == "lm" else runner.encoder.graphs[1]
+    assert graphs.capture_stream is not None and graphs.capture_stream.priority == greatest
+    assert (runner.enc_stream.priority == greatest) == (favoured == "encoder")
+    with pytest.raises(ValueError, match="cannot be combined"):
+        ModelRunner(model, RunnerOptions(max_streams=2, max_batch=2, stream_priority=favoured, encoder_sms=8))
+
+
 @pytest.mark.parametrize(("small_windows", "fused_gate_up"), [(False, "0"), (True, "0"), (True, "1")])
 def test_one_row_decode_path_equals_the_session(tiny_ckpt, small_windows, fused_gate_up, monkeypatch):
     """Steps of one stream through the fused one-row LM path (`kernels.one_row`; on the CPU their
@@ -615,10 +657,13 @@ def test_gpu_encoder_chunks_give_the_bits_of_one_token_calls(cuda_graphs):
     assert not differing, f"tokens {differing[:8]} differ ({len(differing)} of 96)"
 
 
-def test_encoder_projections_ask_for_batch_invariant_rows_and_the_lm_does_not(tiny_ckpt, monkeypatch):
-    """The routing behind lossless bf16 speculation, checked on the CPU (the GPU test above checks the bits): every
-    projection of the audio encoder (conv stem, layers, adapter) asks `linear` for INVARIANT_ROWS rows, every
-    projection of a plain LM step for the default 16 (more would move batches of 17-64 streams off cuBLAS)."""
+@pytest.mark.parametrize("encoder_chunk", [1, 8])
+def test_encoder_projections_ask_for_batch_invariant_rows_and_the_lm_does_not(tiny_ckpt, monkeypatch, encoder_chunk):
+    """The routing behind lossless bf16 speculation, checked on the CPU (the GPU test above checks the bits): with
+    look-ahead chunks (encoder_chunk 8, as speculation sets) every projection of the audio encoder (conv stem,
+    layers, adapter; prompt prefix included) asks `linear` for INVARIANT_ROWS rows; a plain runner's ask for 16
+    (cuBLAS beyond: faster at 5-16 streams, and rows of up to 16 get the same bits either way); a plain LM step's
+    always 16 (more would move batches of 17-64 streams off cuBLAS)."""
     import torch
 
     import realtime.model as model_module
@@ -638,10 +683,49 @@ def test_encoder_projections_ask_for_batch_invariant_rows_and_the_lm_does_not(ti
         return real(x, weight, bias, max_rows=max_rows, **kw)
 
     monkeypatch.setattr(model_module, "linear", recording)
-    eng = BatchedEngine(model, load_tokenizer(path), opts=RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False))
+    eng = BatchedEngine(model, load_tokenizer(path), opts=RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False,
+                                                                        encoder_chunk=encoder_chunk))
     with torch.no_grad():
         run_engine_offline(eng, [synthetic_audio(1.5, seed=3), synthetic_audio(1.0, seed=4)])
-    assert asked == {"encoder": {INVARIANT_ROWS}, "lm": {MAX_ROWS}}, asked
+    assert asked == {"encoder": {INVARIANT_ROWS if encoder_chunk > 1 else MAX_ROWS}, "lm": {MAX_ROWS}}, asked
+    assert model.audio_tower.embedder.linear_rows == INVARIANT_ROWS  # the model's own default, restored
+
+
+def test_encoder_rows_option_is_checked_and_restored(tiny_ckpt, monkeypatch):
+    """`RunnerOptions.encoder_rows`: None gives STREAMSCRIBE_ENCODER_ROWS if set, else 64 with look-ahead chunks
+    and 16 without; 16..64 are taken as given; anything else is refused with the option's or the variable's name. `VoxtralRealtime.encoder_rows` sets every encoder
+    projection's rows and restores them on exit, also after an exception."""
+    import torch
+
+    from kernels.linear import INVARIANT_ROWS, MAX_ROWS
+    from realtime.engine.model_runner import encoder_rows_for
+
+    monkeypatch.delenv("STREAMSCRIBE_ENCODER_ROWS", raising=False)
+    assert encoder_rows_for(RunnerOptions()) == MAX_ROWS
+    assert encoder_rows_for(RunnerOptions(encoder_chunk=8)) == INVARIANT_ROWS
+    assert encoder_rows_for(RunnerOptions(encoder_rows=32)) == 32
+    assert encoder_rows_for(RunnerOptions(encoder_chunk=8, encoder_rows=16)) == 16
+    for bad in (8, 65, 32.0, True):
+        with pytest.raises(ValueError, match="encoder_rows must be an integer in 16..64, got"):
+            encoder_rows_for(RunnerOptions(encoder_rows=bad))
+    monkeypatch.setenv("STREAMSCRIBE_ENCODER_ROWS", "64")
+    assert encoder_rows_for(RunnerOptions()) == INVARIANT_ROWS
+    assert encoder_rows_for(RunnerOptions(encoder_rows=16)) == MAX_ROWS  # the option wins
+    for bad in ("8", "many"):
+        monkeypatch.setenv("STREAMSCRIBE_ENCODER_ROWS", bad)
+        with pytest.raises(ValueError, match="STREAMSCRIBE_ENCODER_ROWS must be an integer in 16..64"):
+            encoder_rows_for(RunnerOptions())
+    monkeypatch.delenv("STREAMSCRIBE_ENCODER_ROWS")
+    model, _ = load_model(tiny_ckpt(seed=1))
+    tower = model.audio_tower
+    mods = [tower.embedder, model.multi_modal_projector, *(m for l in tower.layers for m in (l.self_attn, l.mlp))]
+    lm = [m for l in model.language_model.layers for m in (l.self_attn, l.mlp)]
+    assert {m.linear_rows for m in mods} == {INVARIANT_ROWS} and {m.linear_rows for m in lm} == {MAX_ROWS}
+    with pytest.raises(RuntimeError, match="inside"):
+        with model.encoder_rows(24):
+            assert {m.linear_rows for m in mods} == {24} and {m.linear_rows for m in lm} == {MAX_ROWS}
+            raise RuntimeError("inside")
+    assert {m.linear_rows for m in mods} == {INVARIANT_ROWS}
 
 
 def test_lookahead_encoder_splits_its_attention_by_streams(tiny_ckpt, monkeypatch):

@@ -42,6 +42,14 @@ def collected_then_no_gc() -> Iterator[None]:
             gc.enable()
 
 
+def high_priority_stream(device: torch.device) -> torch.cuda.Stream:
+    """A new CUDA stream of the highest priority. Graphs captured on it keep that priority wherever they are
+    replayed: torch instantiates graphs with per-node priorities (cudaGraphInstantiateFlagUseNodePriority), and a
+    captured kernel node takes its capture stream's."""
+    _, greatest = torch.cuda.Stream.priority_range()
+    return torch.cuda.Stream(device, priority=greatest)
+
+
 class DecodeGraphRunner:
     def __init__(self, forward: Callable[[int], None], max_batch: int, device: torch.device,
                  capture_stream: torch.cuda.Stream | None = None) -> None:

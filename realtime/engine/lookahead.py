@@ -29,7 +29,7 @@ import torch
 from kernels.paged_attention import splits_for_streams
 
 from .attention import PagedAttention
-from .cuda_graph import DecodeGraphRunner
+from .cuda_graph import DecodeGraphRunner, high_priority_stream
 from .staging import Field, StagingRing, StepMetadata
 from .stream import EngineStream
 
@@ -89,7 +89,8 @@ class LookaheadEncoder:
             # the context it was captured in, so only a capture there confines the replays to its SMs
             capture = None
             if runner.enc_stream is not None:
-                capture = runner.enc_stream if runner.enc_green is not None else torch.cuda.Stream(dev)
+                capture = runner.enc_stream if runner.enc_green is not None else (
+                    high_priority_stream(dev) if runner.favoured == "encoder" else torch.cuda.Stream(dev))
             for n in self.sizes:
                 g = DecodeGraphRunner(lambda bb, n=n: self._forward(n, bb), b, dev, capture)
                 g.capture()
@@ -97,7 +98,12 @@ class LookaheadEncoder:
             logger.info("captured look-ahead encoder graphs for chunks %s", self.sizes)
 
     def _forward(self, n: int, b: int) -> None:
-        """Encode `n` tokens for the first `b` rows of the buffers (graph-capturable)."""
+        """Encode `n` tokens for the first `b` rows of the buffers (graph-capturable), the encoder's projections
+        sending up to the runner's `encoder_rows` rows to the batch-invariant kernel."""
+        with self.runner.model.encoder_rows(self.runner.encoder_rows):
+            self._encode(n, b)
+
+    def _encode(self, n: int, b: int) -> None:
         r, m = self.runner, self.meta[n].dev
         rows = b * self.fpt * n
         slots = m["slots"][:b]

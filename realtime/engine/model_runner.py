@@ -20,11 +20,12 @@ import numpy as np
 import torch
 
 from kernels.gather_add import gather_add_embeddings
+from kernels.linear import INVARIANT_ROWS, MAX_ROWS
 
 from ..audio import LogMel
 from ..model import VoxtralRealtime
 from .attention import PagedAttention
-from .cuda_graph import DecodeGraphRunner
+from .cuda_graph import DecodeGraphRunner, high_priority_stream
 from .kv_cache import CacheSpec, PagedKVCache
 from .lookahead import LookaheadEncoder
 from .staging import CopyFence, Field, StepMetadata
@@ -59,6 +60,12 @@ class RunnerOptions:
     # B1 on an H200, twenty-sixth session: 3.15 ms with all SMs, 3.40 / 4.11 / 5.76 ms with 64 / 32 / 16): the
     # encoder's own chain needs the SMs more than the LM's chain loses to it. Kept as a tested knob for other GPUs
     encoder_sms: int | None = None
+    # CUDA graphs: which chain's kernels the block scheduler favours when both have blocks waiting for an SM
+    # ("encoder": the encoder's graphs, "lm": the LM step's graphs, "none": neither). A captured kernel keeps the
+    # priority of the stream it was captured on (torch instantiates graphs with per-node priorities), so the
+    # favoured graphs are captured on a stream of the highest priority. None: STREAMSCRIBE_STREAM_PRIORITY if set,
+    # else "none". Outputs do not change (the same kernels on the same inputs, only their order on the SMs)
+    stream_priority: str | None = None
     # steps of ONE stream run the LM through the fused one-row kernels (`kernels.one_row`: 8 kernels a layer
     # instead of 11; B1 on an H200 0.13-0.2 ms faster, docs/benchmarks.md). None: on CUDA in fp16/bf16 unless
     # STREAMSCRIBE_ONE_ROW=0; True forces it (on the CPU the references run, equal to the unfused path bit
@@ -67,6 +74,14 @@ class RunnerOptions:
     # between a batch-1 step and a larger batch; a speculative engine therefore leaves None as False (lossless
     # speculation: `speculation.runner_options_for`); fp32 is exact either way
     one_row_decode: bool | None = None
+    # the most rows of an audio-encoder projection that go to `linear`'s batch-invariant kernel (16..64; more go to
+    # cuBLAS). None: 64 (`kernels.linear.INVARIANT_ROWS`) when the runner encodes look-ahead chunks
+    # (encoder_chunk > 1: speculation, whose 8-token chunks must give the bits of 8 one-token steps), else 16: at
+    # 5-16 streams a plain step is faster with cuBLAS for the rest (full-size model, H200, twenty-ninth session:
+    # 16 streams 4.98 against 5.80 ms). A row's bits are the same either way where its call takes the kernel
+    # (up to 16 rows: a plain step of up to 4 streams, 2 in the conv stem). STREAMSCRIBE_ENCODER_ROWS sets it where
+    # it is None (A/B runs)
+    encoder_rows: int | None = None
 
 
 def one_row_by_default(device: torch.device, dtype: torch.dtype) -> bool:
@@ -74,6 +89,35 @@ def one_row_by_default(device: torch.device, dtype: torch.dtype) -> bool:
     (read when a runner is made)."""
     return (device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
             and os.environ.get("STREAMSCRIBE_ONE_ROW", "1") != "0")
+
+
+STREAM_PRIORITIES = ("none", "encoder", "lm")
+
+
+def favoured_chain(opts: RunnerOptions) -> str:
+    """`RunnerOptions.stream_priority`, or STREAMSCRIBE_STREAM_PRIORITY where it is None (read when a runner is
+    made): "none", "encoder" or "lm"."""
+    choice = opts.stream_priority
+    source = "stream_priority"
+    if choice is None:
+        choice, source = os.environ.get("STREAMSCRIBE_STREAM_PRIORITY", "none"), "STREAMSCRIBE_STREAM_PRIORITY"
+    if choice not in STREAM_PRIORITIES:
+        raise ValueError(f"{source} must be one of {', '.join(STREAM_PRIORITIES)}, got {choice!r}")
+    return choice
+
+
+def encoder_rows_for(opts: RunnerOptions) -> int:
+    """`RunnerOptions.encoder_rows`; where None, STREAMSCRIBE_ENCODER_ROWS if set (read when a runner is made), else
+    the default for the runner's encoder chunk; checked."""
+    rows, source = opts.encoder_rows, "encoder_rows"
+    if rows is None and os.environ.get("STREAMSCRIBE_ENCODER_ROWS"):
+        rows, source = os.environ["STREAMSCRIBE_ENCODER_ROWS"], "STREAMSCRIBE_ENCODER_ROWS"
+        rows = int(rows) if rows.isdigit() else rows
+    if rows is None:
+        return INVARIANT_ROWS if opts.encoder_chunk > 1 else MAX_ROWS
+    if isinstance(rows, bool) or not isinstance(rows, int) or not MAX_ROWS <= rows <= INVARIANT_ROWS:
+        raise ValueError(f"{source} must be an integer in {MAX_ROWS}..{INVARIANT_ROWS}, got {rows!r}")
+    return rows
 
 
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
@@ -172,6 +216,8 @@ class ModelRunner:
         self.inputs_embeds = torch.zeros(b, c.decoder.hidden_size, device=dev, dtype=dt)
         # the encoder's CUDA stream (`on_encoder_stream`); None: encoder work is queued like the rest
         self.enc_green: object | None = None  # the encoder's green context (`RunnerOptions.encoder_sms`)
+        self.favoured = favoured_chain(opts)
+        self.encoder_rows = encoder_rows_for(opts)
         self.enc_stream = self._encoder_stream(opts) if opts.encoder_stream and dev.type == "cuda" else None
         self._enc_done = torch.cuda.Event() if self.enc_stream is not None else None
         self._enc_pending = False  # an ahead encoder call the main stream has not waited for yet
@@ -184,11 +230,12 @@ class ModelRunner:
         self.graphs: DecodeGraphRunner | None = None
         self.input_graphs: DecodeGraphRunner | None = None
         if opts.cuda_graphs and dev.type == "cuda":
-            self.graphs = DecodeGraphRunner(self._decode_forward, opts.max_batch, dev)
+            lm_capture = high_priority_stream(dev) if self.favoured == "lm" else None
+            self.graphs = DecodeGraphRunner(self._decode_forward, opts.max_batch, dev, lm_capture)
             self.graphs.capture()
             # the input merge gets graphs of its own: launched eagerly, a Triton kernel costs more host
             # time than a graph replay, and the LM graphs stay captured on dummy input buffers
-            self.input_graphs = DecodeGraphRunner(self._merge_inputs, opts.max_batch, dev)
+            self.input_graphs = DecodeGraphRunner(self._merge_inputs, opts.max_batch, dev, lm_capture)
             self.input_graphs.capture()
 
     def _encoder_stream(self, opts: RunnerOptions) -> torch.cuda.Stream:
@@ -201,7 +248,10 @@ class ModelRunner:
                 raise ValueError(f"STREAMSCRIBE_ENCODER_SMS must be a number of SMs, got "
                                  f"{os.environ['STREAMSCRIBE_ENCODER_SMS']!r}") from None
         if sms is None:
-            return torch.cuda.Stream(self.device)
+            return high_priority_stream(self.device) if self.favoured == "encoder" else torch.cuda.Stream(self.device)
+        if self.favoured != "none":
+            raise ValueError("stream_priority and encoder_sms cannot be combined: a green context's stream has the "
+                             "default priority")
         total = torch.cuda.get_device_properties(self.device).multi_processor_count
         if not 1 <= sms <= total:
             raise ValueError(f"encoder_sms must be in 1..{total} (this GPU's SMs), got {sms}")

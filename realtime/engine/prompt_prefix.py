@@ -101,7 +101,8 @@ class PromptPrefixCache:
         mel = r.log_mel(silence, k * mpt)  # the same front-end as live audio
         enc_pos = torch.arange(k * fpt, device=dev)
         enc = RecordingAttention(enc_pos, c.encoder.sliding_window, c.encoder.num_layers)
-        audio, (s1, s2) = model.encode(mel, conv, enc_pos[None], enc)
+        with model.encoder_rows(r.encoder_rows):  # the rows the runner's own encoder calls use
+            audio, (s1, s2) = model.encode(mel, conv, enc_pos[None], enc)
         pos = torch.arange(k, device=dev)
         lm = RecordingAttention(pos, c.decoder.sliding_window, c.decoder.num_layers)
         delay = torch.tensor([delay_tokens], device=dev)
