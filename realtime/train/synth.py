@@ -111,7 +111,7 @@ class Task:
 _ENGINES: dict[str, object] = {}
 
 
-def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth | RHVoiceSynth | PicoSynth | PiperSynth
+def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth | RHVoiceSynth | PicoSynth | PiperSynth | KokoroSynth
     if kind not in _ENGINES:
         if kind == "espeak":
             from .espeak import EspeakSynth
@@ -133,6 +133,10 @@ def engine_for(kind: str):  # -> EspeakSynth | FliteSynth | FestivalSynth | RHVo
             from .piper import PiperSynth
 
             _ENGINES[kind] = PiperSynth()
+        elif kind == "kokoro":
+            from .kokoro import KokoroSynth
+
+            _ENGINES[kind] = KokoroSynth()
         else:
             from .flite import FliteSynth
 

@@ -21,6 +21,7 @@ from .festival import FestivalVoice
 from .flite import FliteVoice
 from .mbrola_en import EXTRA_MBROLA_EN, EXTRA_NAMES
 from .pico import PicoVoice
+from .kokoro import KokoroVoice
 from .piper import PiperVoice
 from .rhvoice import RHVoiceVoice
 
@@ -48,9 +49,12 @@ ACCENTED_MBROLA = (("ro1", False), ("pl1", True), ("fr1", False), ("sw2", True),
                    ("hu1", True), ("sw1", False), ("de2", False), ("de1", True), ("de3", True), ("nl2", False),
                    ("de5", True), ("de4", False), ("de6", False))
 
+# Kokoro's speakers (kokoro.SPEAKERS): four train, one is kept for evaluation only (benchmarks/score_folder.py)
+KOKORO_TRAIN = ("jf_alpha", "jf_gongitsune", "jf_tebukuro", "jm_kumo")
+KOKORO_EVAL = "jf_nezumi"
 
 def voice_group(key: str) -> str:
-    """"flite", "mbrola", "espeak-formant", "festival", "rhvoice", "pico" or "piper" for a voice key
+    """"flite", "mbrola", "espeak-formant", "festival", "rhvoice", "pico", "piper" or "kokoro" for a voice key
     ("espeak:mb-us1")."""
     engine, _, base = key.partition(":")
     if engine == "espeak":
@@ -62,8 +66,8 @@ def voice_group(key: str) -> str:
 class VoiceSpec:
     """A voice of the catalogue; `render` draws the per-utterance speed and pitch."""
 
-    engine: str  # "espeak" | "flite" | "festival" | "rhvoice" | "pico" | "piper"
-    base: str  # espeak voice name (with +variant), flite, Festival, RHVoice, Pico or Piper voice name
+    engine: str  # "espeak" | "flite" | "festival" | "rhvoice" | "pico" | "piper" | "kokoro"
+    base: str  # espeak voice name (with +variant), flite, Festival, RHVoice, Pico, Piper voice or Kokoro speaker
     speaker: str  # split key
     female: bool
     weight: float  # relative share of training utterances
@@ -78,8 +82,15 @@ class VoiceSpec:
         return voice_group(self.key) == "mbrola"
 
     def render(self, rng: np.random.Generator
-               ) -> EspeakVoice | FliteVoice | FestivalVoice | RHVoiceVoice | PicoVoice | PiperVoice:
+               ) -> EspeakVoice | FliteVoice | FestivalVoice | RHVoiceVoice | PicoVoice | PiperVoice | KokoroVoice:
         speed = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))
+        if self.engine == "kokoro":  # Kokoro's own speed; half the time a blend towards another training speaker
+            others = [s for s in KOKORO_TRAIN if s != self.base]
+            if rng.random() < 0.5:
+                return KokoroVoice(((self.base, 1.0),), speed=speed)
+            own = float(rng.uniform(0.5, 0.9))
+            other = others[int(rng.integers(len(others)))]
+            return KokoroVoice(((self.base, own), (other, 1.0 - own)), speed=speed)
         if self.engine == "piper":  # Piper's duration scale; generator and duration noise around the voice's own
             return PiperVoice(self.base, length_scale=1.0 / speed, noise_scale=float(rng.uniform(0.5, 0.8)),
                               noise_w=float(rng.uniform(0.6, 1.0)))
@@ -141,6 +152,9 @@ def catalogue(unseen_formant_weight: float = 0.0) -> tuple[list[VoiceSpec], list
     # Piper's joe, the first neural (natural-sounding) speaker (piper.py); only where piper-tts and the voice's
     # wheel are installed, pre-synthesised for a training call like Pico's
     train += [VoiceSpec("piper", "en_US-joe-medium", "joe", False, 1.5)]
+    # Kokoro's speakers (kokoro.py), natural-sounding and new to the shipped model; pre-synthesised like Piper's.
+    # KOKORO_EVAL (jf_nezumi) is in neither half: an evaluation voice that no style mixture of a run contains
+    train += [VoiceSpec("kokoro", s, f"kokoro-{s}", s.startswith("jf_"), 1.0) for s in KOKORO_TRAIN]
     n_formant = len(TRAIN_ACCENTS) * len(TRAIN_VARIANTS)
     train += [_formant(a, v, 2.3 / n_formant) for a in TRAIN_ACCENTS for v in TRAIN_VARIANTS]
     if unseen_formant_weight > 0:
@@ -190,8 +204,8 @@ def mbrola_probe_voice(voices: list[VoiceSpec], espeak_data: str | None) -> str 
 
 def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, mbrola: bool = True,
               espeak_data: str | None = None, festival: bool = False, rhvoice: bool = False,
-              pico: bool = False, piper: bool = False) -> list[VoiceSpec]:
-    """The voices whose engine works (`espeak`, `flite`, `mbrola`, `festival`, `rhvoice`, `pico`, `piper`:
+              pico: bool = False, piper: bool = False, kokoro: bool = False) -> list[VoiceSpec]:
+    """The voices whose engine works (`espeak`, `flite`, `mbrola`, `festival`, `rhvoice`, `pico`, `piper`, `kokoro`:
     whether each does) and, for mbrola voices, whose voice file is there (a carry may bring only some of
     them). Festival, RHVoice, Pico and Piper are off unless asked: the training machine never has them (their
     voices come pre-synthesised)."""
@@ -200,6 +214,8 @@ def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, mbrola: boo
         if (v.engine == "festival" and not festival) or (v.engine == "rhvoice" and not rhvoice):
             continue
         if (v.engine == "pico" and not pico) or (v.engine == "piper" and not piper):
+            continue
+        if v.engine == "kokoro" and not kokoro:
             continue
         if v.engine == "flite" and not flite:
             continue

