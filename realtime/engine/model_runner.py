@@ -64,7 +64,9 @@ class RunnerOptions:
     # ("encoder": the encoder's graphs, "lm": the LM step's graphs, "none": neither). A captured kernel keeps the
     # priority of the stream it was captured on (torch instantiates graphs with per-node priorities), so the
     # favoured graphs are captured on a stream of the highest priority. None: STREAMSCRIBE_STREAM_PRIORITY if set,
-    # else "none". Outputs do not change (the same kernels on the same inputs, only their order on the SMs)
+    # else "none". Outputs do not change (the same kernels on the same inputs, only their order on the SMs).
+    # Measured no gain (full-size B1 on an H200, twenty-ninth session: 2.965 / 2.971 / 3.143 ms for none / encoder /
+    # lm); kept as a tested knob, like encoder_sms
     stream_priority: str | None = None
     # steps of ONE stream run the LM through the fused one-row kernels (`kernels.one_row`: 8 kernels a layer
     # instead of 11; B1 on an H200 0.13-0.2 ms faster, docs/benchmarks.md). None: on CUDA in fp16/bf16 unless
