@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from bench_speculative import median_run
+from bench_speculative import median_run, same_engine_options
 from drafter_accuracy import position_kinds
 from make_speech_clips import RATE, speed_warp
 from profile_tools import kernel_kind, kernel_table, summarize_kernels
@@ -58,6 +58,28 @@ def test_median_run_reports_the_middle_wall_time() -> None:
     runs = [({"wall_seconds": w}, [[i]]) for i, w in enumerate([0.9, 0.5, 0.7, 1.4, 0.6])]
     out, tokens = median_run(runs)
     assert out["wall_seconds"] == 0.7 and tokens == [[2]]
+
+
+def test_lossless_reference_is_the_speculative_runners_kernels() -> None:
+    """bench_speculative's reference plain run takes the kernels the speculative runner chose: no one-row batch-1
+    kernels, and the encoder rows of its look-ahead chunk (64 with chunks, 16 at one token per call); everything
+    else as the timed plain run."""
+    from types import SimpleNamespace
+
+    from kernels.linear import INVARIANT_ROWS, MAX_ROWS
+    from realtime.engine import RunnerOptions
+    from realtime.engine.speculation import SpeculativeConfig
+
+    drafter = SimpleNamespace(supports_parallel_drafting=True)
+    opts = RunnerOptions(max_streams=1, max_batch=1, max_step_tokens=8)
+    same = same_engine_options(opts, SpeculativeConfig(drafter, num_speculative_tokens=6))
+    assert same.one_row_decode is False and same.encoder_rows == INVARIANT_ROWS
+    assert (same.encoder_chunk, same.encoder_stream, same.max_batch) == (1, True, 1)  # the plain run's own
+    one = same_engine_options(opts, SpeculativeConfig(drafter, num_speculative_tokens=6, lookahead_chunk=1))
+    assert one.encoder_rows == MAX_ROWS
+    forced = same_engine_options(RunnerOptions(max_step_tokens=8, one_row_decode=True),
+                                 SpeculativeConfig(drafter, num_speculative_tokens=6))
+    assert forced.one_row_decode is True  # a user's explicit choice stays
 
 
 def test_kernel_inventory_counts_overlaps_once_and_sorts_kernels_by_kind() -> None:
