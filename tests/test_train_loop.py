@@ -201,3 +201,35 @@ def test_four_bit_warm_pack_round_trips_within_half_a_step(tmp_path: Path) -> No
     assert path.stat().st_size < 0.3 * 512 * 1024 * 2
     with pytest.raises(ValueError, match="bits"):
         pack_state(state, bits=2)
+
+
+def test_warm_pack_unpacks_to_a_model_folder_that_loads(tiny_ckpt, tmp_path: Path) -> None:
+    """`warm unpack`: a pack becomes an fp16 model folder in the transformers layout with `--like`'s config and
+    tokenizer; its weights are the pack's dequantised ones (the int8 pack: within half a step of each row); a pack
+    of another model size is refused with the names that do not fit."""
+    from realtime.loader import load_model
+    from realtime.train.warm import main as warm_main
+
+    source, like = tiny_ckpt(seed=1), tiny_ckpt(seed=3, tokenizer_json=True)  # the same size, other weights
+    pack = tmp_path / "w8.pt"
+    assert warm_main(["pack", str(source), str(pack)]) == 0
+    assert warm_main(["unpack", str(pack), str(tmp_path / "back"), "--like", str(like)]) == 0
+    assert (tmp_path / "back" / "tokenizer.json").read_bytes() == (like / "tokenizer.json").read_bytes()
+    original, _ = load_model(source)
+    back, _ = load_model(tmp_path / "back")
+    a, b = original.state_dict(), back.state_dict()
+    assert set(a) == set(b)
+    other = load_model(like)[0].state_dict()
+    assert not torch.allclose(b["language_model.layers.0.mlp.down_proj.weight"].float(),
+                              other["language_model.layers.0.mlp.down_proj.weight"].float(), atol=1e-2)
+    for k in a:
+        x, y = a[k].float(), b[k].float()
+        if x.dim() > 1:  # int8: one scale per output row; then fp16 in the folder
+            rows = x.reshape(x.shape[0], -1)
+            bound = (rows.abs().amax(dim=1, keepdim=True) / 127 * 0.51 + rows.abs() * 2e-3).reshape(x.shape)
+        else:  # vectors travel in fp16
+            bound = x.abs() * 2e-3 + 1e-6
+        assert ((y - x).abs() <= bound).all(), k
+    torch.save({"stray": {"v": torch.zeros(3)}}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="does not fit"):
+        warm_main(["unpack", str(tmp_path / "bad.pt"), str(tmp_path / "x"), "--like", str(like)])

@@ -1,6 +1,7 @@
 """A model's weights packed small enough to travel beside the training carry (warm starts).
 
     python -m realtime.train.warm pack MODEL_DIR OUT_FILE [--bits 4]
+    python -m realtime.train.warm unpack PACK_FILE OUT_DIR --like MODEL_DIR
 
 A device call carries at most 64 MiB and the carry folder takes 37 of them, so the 39 MB fp16
 export of the default model cannot go along to continue training on a fresh machine. Packed, every
@@ -13,6 +14,10 @@ byte) with one fp16 scale per group: about a quarter of the fp16 bytes (10 MB fo
 against 19.5 MB at int8), so a call carries ~9 MB more training speech. The error is larger (up to
 half of 1/7 of each group's largest weight), so it is measured before a run relies on it: the model
 card gives the dequantised model's held-out WER.
+
+`unpack` turns a pack back into a model folder (fp16, the transformers layout; config and tokenizer from `--like`,
+a model of the same size), to score a pack that a device call brought back where the fp16 model could not come
+(twenty-ninth session: a short fine-tune's gain does not survive 4-bit rounding, so such scores bound nothing).
 """
 
 from __future__ import annotations
@@ -85,6 +90,33 @@ def load_warm_state(path: Path) -> dict[str, torch.Tensor]:
     return {k: v.float() for k, v in model.state_dict().items()}
 
 
+def unpack_to_folder(pack: Path, like: Path, out: Path) -> Path:
+    """The pack's dequantised weights as a model folder: `like`'s config and tokenizer (tokenizer.json and/or
+    tekken.json), fp16 weights in the transformers layout. Every weight of the model must be in the pack, and
+    nothing else."""
+    import shutil
+
+    from ..loader import load_model, save_model
+
+    model, _ = load_model(like)
+    state = load_warm_state(pack)
+    want = model.state_dict()
+    missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+    if missing or extra:
+        raise ValueError(f"{pack} does not fit {like}: missing {missing[:4]}, unexpected {extra[:4]}")
+    bad = [k for k in want if tuple(state[k].shape) != tuple(want[k].shape)]
+    if bad:
+        raise ValueError(f"{pack} does not fit {like}: shapes differ for {bad[:4]}")
+    model.load_state_dict({k: state[k].to(want[k].dtype) for k in want})
+    tokenizers = [f for f in ("tokenizer.json", "tekken.json") if (like / f).is_file()]
+    if not tokenizers:
+        raise ValueError(f"{like} has no tokenizer.json or tekken.json to copy")
+    save_model(model.half(), out)
+    for f in tokenizers:
+        shutil.copy(like / f, out / f)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -92,8 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model_dir")
     p.add_argument("out_file")
     p.add_argument("--bits", type=int, choices=(4, 8), default=8)
+    u = sub.add_parser("unpack")
+    u.add_argument("pack_file")
+    u.add_argument("out_dir")
+    u.add_argument("--like", required=True, help="a model folder of the same size: its config and tokenizer")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
+    if args.cmd == "unpack":
+        out = unpack_to_folder(Path(args.pack_file), Path(args.like), Path(args.out_dir))
+        logger.info("unpacked %s into %s", args.pack_file, out)
+        return 0
     out = Path(args.out_file)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(pack_state(load_warm_state(Path(args.model_dir)), args.bits), out)
