@@ -86,8 +86,8 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     # twenty-seventh session, opt-in until timed)
     "attn_early": {"STREAMSCRIBE_ATTN_EARLY": "1"},  # the default since the twenty-eighth session
     "attn_late": {"STREAMSCRIBE_ATTN_EARLY": "0"},  # the attention's metadata read after the PDL wait (before it)
-    # more than 16 rows of the encoder's projections on cuBLAS again (before the twenty-eighth session's
-    # batch-invariant encoder): batches of 5-16 streams
+    # more than 16 rows of every encoder projection on cuBLAS (the kernel's cap): since the twenty-ninth session a
+    # plain runner's default anyway, so this changes only speculative runners' look-ahead encoder
     "encoder_rows_16": {"STREAMSCRIBE_INVARIANT_ROWS": "16"},
     # a plain runner's encoder projections on the batch-invariant kernel up to 64 rows, as a speculative runner's
     # (the default of every runner in the twenty-eighth session; since the twenty-ninth plain runners take 16)

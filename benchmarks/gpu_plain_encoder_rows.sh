@@ -11,11 +11,11 @@
 set -u
 work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
-gpu_tests tests 240 tests/test_engine.py tests/test_speculative.py tests/test_linear.py
+lossless_tests tests 240
 pack "$OUT"
 b1_ab rows 150 3 ahead_encoder_stream default,encoder_rows_64 1,8,16
 pack "$OUT"
-spec_run spec_b1 150 ".bench_audio/heldout_*" --batches 1 --repeats 3
+heldout_spec spec_b1
 pack "$OUT"
 spec_run spec_b16 90 ".bench_audio/heldout_*" --batches 16 --repeats 1
 pack "$OUT"

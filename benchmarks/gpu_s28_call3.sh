@@ -11,9 +11,9 @@
 set -u
 work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
-gpu_tests tests_lossless 240 tests/test_linear.py tests/test_engine.py tests/test_speculative.py
+lossless_tests tests_lossless 240
 pack "$OUT"
-spec_run heldout 110 ".bench_audio/heldout_*" --batches 1 --repeats 3
+heldout_spec heldout
 spec_run seen 110 ".bench_audio_seen/train_*" --batches 1 --repeats 3
 pack "$OUT"
 b1_ab b1 100 3 ahead_encoder_stream,lm_only,encoder_only default

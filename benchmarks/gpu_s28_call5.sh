@@ -8,9 +8,9 @@
 set -u
 work=$(mktemp -d)
 source benchmarks/gpu_setup.sh "$work"
-gpu_tests tests_final 240 tests/test_linear.py tests/test_engine.py tests/test_speculative.py
+lossless_tests tests_final 240
 pack "$OUT"
-spec_run heldout_chain 110 ".bench_audio/heldout_*" --batches 1 --repeats 3
+heldout_spec heldout_chain
 pack "$OUT"
-spec_run heldout_tree24 110 ".bench_audio/heldout_*" --batches 1 --repeats 3 --tree-nodes 24
+heldout_spec heldout_tree24 --tree-nodes 24
 pack "$OUT"

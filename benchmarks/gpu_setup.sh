@@ -59,3 +59,15 @@ spec_run() {
     --out "$GPU_DIR/$name.json" > "$GPU_DIR/$name.log" 2>&1
   echo "$name rc=$?"; grep -E "offline batch|Error" "$GPU_DIR/$name.log" | tail -1
 }
+
+# lossless_tests NAME SECONDS: the GPU tests behind lossless speculation (linear's row tiles, the engine's encoder
+# chunks and 16-stream equality, speculation), into $GPU_DIR/NAME.txt
+lossless_tests() { gpu_tests "$1" "$2" tests/test_linear.py tests/test_engine.py tests/test_speculative.py; }
+
+# heldout_spec NAME [ARGS...]: spec_run at batch 1 on the 5 held-out clips, 3 alternating repeats (speed-up, and
+# outputs against the same engine without a drafter)
+heldout_spec() {
+  local name=$1
+  shift
+  spec_run "$name" 150 ".bench_audio/heldout_*" --batches 1 --repeats 3 "$@"
+}

@@ -171,6 +171,20 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+@contextmanager
+def _rows_set(attrs: list[tuple[object, str]], new: Callable[[int], int]) -> Iterator[None]:
+    """Within: each (object, attribute) of `attrs` (a `linear` max_rows) holds new(its value); restored on exit, also
+    after an exception."""
+    saved = [getattr(o, a) for o, a in attrs]
+    for o, a in attrs:
+        setattr(o, a, new(getattr(o, a)))
+    try:
+        yield
+    finally:
+        for (o, a), v in zip(attrs, saved):
+            setattr(o, a, v)
+
+
 # ---------------------------------------------------------------------------------------
 # Audio encoder
 # ---------------------------------------------------------------------------------------
@@ -472,14 +486,8 @@ class VoxtralRealtime(nn.Module):
         inside keeps the kernels it captured."""
         tower, adapter = self.audio_tower, self.multi_modal_projector
         mods = [tower.embedder, adapter, *(m for layer in tower.layers for m in (layer.self_attn, layer.mlp))]
-        saved = [m.linear_rows for m in mods]
-        for m in mods:
-            m.linear_rows = rows
-        try:
+        with _rows_set([(m, "linear_rows") for m in mods], lambda _: rows):
             yield
-        finally:
-            for m, r in zip(mods, saved):
-                m.linear_rows = r
 
     @contextmanager
     def lm_rows_invariant_to(self, rows: int) -> Iterator[None]:
@@ -488,17 +496,9 @@ class VoxtralRealtime(nn.Module):
         rows (a draft tree of 24 is 25 rows at batch 1; a chain at batch 8 is up to 64) round as plain steps of up to
         16 rows do, and speculation stays lossless in fp16/bf16. Module attributes, restored on exit; a CUDA graph
         captured inside keeps the kernels it captured."""
-        mods = [m for layer in self.language_model.layers for m in (layer.self_attn, layer.mlp)]
-        saved = [m.linear_rows for m in mods], self.head_rows
-        for m in mods:
-            m.linear_rows = max(m.linear_rows, rows)
-        self.head_rows = max(self.head_rows, rows)
-        try:
+        mods = [(m, "linear_rows") for layer in self.language_model.layers for m in (layer.self_attn, layer.mlp)]
+        with _rows_set([*mods, (self, "head_rows")], lambda r: max(r, rows)):
             yield
-        finally:
-            for m, r in zip(mods, saved[0]):
-                m.linear_rows = r
-            self.head_rows = saved[1]
 
     def supports_one_row_decode(self) -> bool:
         """Whether `one_row_logits` applies: the LM has no biases (true of this architecture) and its

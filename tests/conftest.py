@@ -144,6 +144,19 @@ def run_under_triton_interpreter(script: Path) -> dict[str, str]:
     return json.loads(lines[-1][len("RESULTS "):])
 
 
+def frame_db(audio: np.ndarray) -> np.ndarray:
+    """Level of every 10 ms frame, in dB below the loudest."""
+    frames = audio[: audio.size // 160 * 160].reshape(-1, 160).astype(np.float64)
+    db = 10 * np.log10((frames ** 2).mean(axis=1) + 1e-12)
+    return db - db.max()
+
+
+def speech_bounds(audio: np.ndarray) -> tuple[float, float]:
+    """Start of the first and end of the last 10 ms frame above -40 dB of the loudest, in seconds."""
+    loud = np.flatnonzero(frame_db(audio) > -40)
+    return loud[0] * 0.01, (loud[-1] + 1) * 0.01
+
+
 def refusal_without_packages(hidden: tuple[str, ...], module: str, error: str, synth: str, available: str) -> str:
     """In a fresh interpreter where the modules `hidden` cannot be imported: import the training pipeline's
     voices, synth and presynth modules (a machine without a TTS engine's packages must), check that

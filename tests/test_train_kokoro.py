@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import refusal_without_packages
+from conftest import refusal_without_packages, speech_bounds
 
 from realtime.train.kokoro import SPEAKERS, KokoroError, KokoroSynth, KokoroVoice, kokoro_available
 from realtime.train.voices import KOKORO_EVAL, KOKORO_TRAIN, available, catalogue, voice_group
@@ -66,14 +66,6 @@ def synth() -> KokoroSynth:
     return KokoroSynth()
 
 
-def _speech_bounds(audio: np.ndarray) -> tuple[float, float]:
-    """Start of the first and end of the last 10 ms frame above -40 dB of the loudest, in seconds."""
-    frames = audio[: audio.size // 160 * 160].reshape(-1, 160).astype(np.float64)
-    db = 10 * np.log10((frames ** 2).mean(axis=1) + 1e-12)
-    loud = np.flatnonzero(db - db.max() > -40)
-    return loud[0] * 0.01, (loud[-1] + 1) * 0.01
-
-
 @needs_kokoro
 def test_durations_cover_the_audio_and_speed_and_style_reach_the_model(synth) -> None:
     phonemes = synth.phonemes("the birch canoe slid on the smooth planks")
@@ -103,7 +95,7 @@ def test_word_times_follow_the_model_alignment_and_bracket_the_speech(synth, tex
     assert audio.dtype == np.float32 and [w.text for w in timed] == words
     starts, ends = np.array([w.start for w in timed]), np.array([w.end for w in timed])
     assert (ends > starts).all() and (starts[1:] >= ends[:-1] - 1e-9).all()  # in order, never overlapping
-    first, last = _speech_bounds(audio)
+    first, last = speech_bounds(audio)
     assert abs(starts[0] - first) < 0.1 and abs(ends[-1] - last) < 0.1  # the words bracket the speech
     assert ends[-1] <= audio.size / 16000
 

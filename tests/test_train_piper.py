@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import refusal_without_packages
+from conftest import frame_db, refusal_without_packages, speech_bounds
 
 from realtime.train.piper import (
     PiperError,
@@ -146,19 +146,6 @@ def synth() -> PiperSynth:
     return PiperSynth()
 
 
-def _frame_db(audio: np.ndarray) -> np.ndarray:
-    """Level of every 10 ms frame, in dB below the loudest."""
-    frames = audio[: audio.size // 160 * 160].reshape(-1, 160).astype(np.float64)
-    db = 10 * np.log10((frames ** 2).mean(axis=1) + 1e-12)
-    return db - db.max()
-
-
-def _speech_bounds(audio: np.ndarray) -> tuple[float, float]:
-    """Start of the first and end of the last 10 ms frame above -40 dB of the loudest, in seconds."""
-    loud = np.flatnonzero(_frame_db(audio) > -40)
-    return loud[0] * 0.01, (loud[-1] + 1) * 0.01
-
-
 @needs_piper
 def test_length_and_noise_scales_reach_the_model_and_bad_voices_are_refused(synth) -> None:
     words = ["the", "birch", "canoe", "slid", "on", "the", "smooth", "planks"]
@@ -196,9 +183,9 @@ def test_word_times_follow_the_model_alignment_through_merged_groups(synth, text
     assert all(w.end > w.start + 0.03 for w in timed)  # every word said for a while, "of" and "the" too
     assert all(a.end <= b.start + 1e-6 for a, b in itertools.pairwise(timed))
     assert 0 <= timed[0].start and timed[-1].end <= audio.size / 16000
-    onset, offset = _speech_bounds(audio)
+    onset, offset = speech_bounds(audio)
     assert abs(timed[0].start - onset) < 0.06 and abs(timed[-1].end - offset) < 0.06
-    db = _frame_db(audio)
+    db = frame_db(audio)
     assert all(db[int(np.ceil(w.end / 0.01)) - 1] > -40 for w in timed)
     spans = [(g[0][1] / rate, g[-1][2] / rate) for g in groups]
     for first, second in merged:
