@@ -242,3 +242,29 @@ def test_piper_voice_is_pre_synthesised_into_a_carry(tmp_path) -> None:
             timed = r.words(i)
             assert [w.text for w in timed] == text.split()
             assert 0 <= timed[0].start and timed[-1].end <= (r.offsets[i + 1] - r.offsets[i]) / 16000 + 1e-3
+
+
+@needs_piper
+def test_eval_folder_holds_test_sentences_read_by_joe(tmp_path) -> None:
+    """`python -m realtime.train.piper` writes test-split sentences only, as 16 kHz audio with the transcript
+    beside it (benchmarks/score_folder.py's input), the same sentences for the same seed."""
+    import soundfile as sf
+
+    from realtime.train.piper import main
+    from realtime.train.text_corpus import Sentence, write_corpus
+
+    corpus = tmp_path / "corpus.tsv.gz"
+    write_corpus([Sentence("train", "t", "a training sentence never read here"),
+                  Sentence("test", "t", "make a phone call"), Sentence("test", "t", "faith is his anchor"),
+                  Sentence("test", "t", "the cat sat"), Sentence("dev", "t", "a dev sentence")], corpus)
+    assert main(["--corpus", str(corpus), "--count", "2", "--seed", "3", "--out", str(tmp_path / "a")]) == 0
+    texts = sorted((tmp_path / "a").glob("*.txt"))
+    assert [t.name for t in texts] == ["joe_00.txt", "joe_01.txt"]
+    said = [t.read_text().strip() for t in texts]
+    assert set(said) <= {"make a phone call", "faith is his anchor", "the cat sat"} and len(set(said)) == 2
+    audio, rate = sf.read(tmp_path / "a" / "joe_00.wav")
+    assert rate == 16000 and audio.size > 0.4 * 16000
+    main(["--corpus", str(corpus), "--count", "2", "--seed", "3", "--out", str(tmp_path / "b")])
+    assert said == [t.read_text().strip() for t in sorted((tmp_path / "b").glob("*.txt"))]
+    main(["--corpus", str(corpus), "--count", "9", "--seed", "3", "--out", str(tmp_path / "c")])
+    assert len(list((tmp_path / "c").glob("*.wav"))) == 3  # every test sentence, nothing from the other splits

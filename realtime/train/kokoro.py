@@ -31,7 +31,6 @@ import argparse
 import hashlib
 import json
 import logging
-import random
 from dataclasses import dataclass
 from importlib import resources
 from importlib.util import find_spec
@@ -39,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .eval_folder import write_test_folder
 from .piper import match_words, phoneme_groups
 from .targets import TimedWord
 from .wordtimes import OUT_RATE, to_16k, trim_word_ends
@@ -157,21 +157,9 @@ class KokoroSynth:
 
 
 def write_eval_folder(corpus: Path, speaker: str, count: int, seed: int, out: Path) -> int:
-    """`count` test-split sentences (drawn with `seed`) read by `speaker` at its own speed, as out/NAME.wav (16 kHz)
-    with out/NAME.txt beside it; returns the number written."""
-    import soundfile as sf
-
-    from .text_corpus import read_corpus
-
-    test = [s.text for s in read_corpus(corpus) if s.split == "test"]
-    picked = random.Random(seed).sample(test, min(count, len(test)))
+    """`count` test-split sentences (drawn with `seed`) read by `speaker` at its own speed (`eval_folder`)."""
     synth, voice = KokoroSynth(), KokoroVoice(((speaker, 1.0),))
-    out.mkdir(parents=True, exist_ok=True)
-    for i, text in enumerate(picked):
-        audio, _ = synth.synthesize(voice, text.split())
-        sf.write(out / f"{speaker}_{i:02d}.wav", audio, OUT_RATE)
-        (out / f"{speaker}_{i:02d}.txt").write_text(text + "\n", encoding="utf-8")
-    return len(picked)
+    return write_test_folder(corpus, speaker, lambda words: synth.synthesize(voice, words)[0], count, seed, out)
 
 
 def main(argv: list[str] | None = None) -> int:
