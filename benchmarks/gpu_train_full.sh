@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Thirtieth session, call 2 (and 3) of a warm H200: a continuation of the shipped model from its fp16 weights (no
 # 4- or 8-bit rounding of the start) on the whole pre-synthesised speech: the 35 recorded speakers (mbrola,
-# Festival, RHVoice; the model card's parts), 2.5 h of Kokoro's four training speakers, plus the device's own
+# Festival, RHVoice; the model card's parts), 2.9 h of Kokoro's four training speakers, plus the device's own
 # flite and formant voices. Part of it was staged by benchmarks/gpu_stage.sh (call 1); the rest comes in
 # .train_full/ (corpus, engines without the held-out mbrola databases, tokenizer, wheels, real recordings, the
 # other parts and the seed-8 evaluation shards of us3 and en1). One run per call, so its fp16 model comes back
 # (5 of the 8 files a call returns; with metrics.json, run.log and loss.png, all 8).
-#   carry [".train_full"]; OUT=DIR bash benchmarks/gpu_train_full.sh SEED DROPOUT MINUTES   (MINUTES <= 9.1: a command's limit is 600 s)
+#   carry [".train_full"]; OUT=DIR bash benchmarks/gpu_train_full.sh SEED DROPOUT MINUTES [LR]
+# MINUTES <= 9.1 (a command's limit is 600 s); LR defaults to gpu_run's 1.5e-3. Run 31: 43 0.3 9.1; run 32: 44 0.3 7.2 5e-4.
 set -u
-seed=$1 dropout=$2 minutes=$3
+seed=$1 dropout=$2 minutes=$3 lr=${4:-1.5e-3}
 S=/tmp/streamscribe_stage
 if [ ! -f "$S/DONE" ]; then echo "stage missing: run benchmarks/gpu_stage.sh in the call before"; exit 3; fi
 export PYTHONUNBUFFERED=1
@@ -18,7 +19,7 @@ for f in corpus.tsv.gz engines.tar.xz tok wheels real; do ln -s "$PWD/.train_ful
 python3 -m realtime.train.presynth merge --out "$C/presynth" pre-=.train_full/ps_A pre2-=.train_full/ps_B \
   mb9-=.train_full/ps_mb9 ev-=.train_full/ps_ev rh-="$S/ps_rh" ko-="$S/ps_k" ko2-=.train_full/ps_k2 || exit 4
 timeout 580 python3 -m realtime.train.gpu_run run --carry "$C" --out "$OUT" \
-  --minutes "$minutes" --seed "$seed" --init-from "$S/default" --warmup-steps 100 --p-eq 0.25 \
+  --minutes "$minutes" --seed "$seed" --init-from "$S/default" --warmup-steps 100 --lr "$lr" --p-eq 0.25 \
   --unseen-formant-weight 2 --ema-decay 0.999 --dropout "$dropout" > /tmp/train_stdout.log 2>&1
 rc=$?; echo "run rc=$rc"; [ $rc = 0 ] || tail -30 /tmp/train_stdout.log
 grep -E "pre-synthesised|voices left out|held-out|WER|done in" "$OUT/run.log" | tail -12
