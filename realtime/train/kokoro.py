@@ -27,18 +27,15 @@ jf_nezumi is in no training voice's mixtures: `voices.KOKORO_EVAL`):
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import logging
 from dataclasses import dataclass
 from importlib import resources
 from importlib.util import find_spec
-from pathlib import Path
 
 import numpy as np
 
-from .eval_folder import write_test_folder
+from .eval_folder import folder_parser, write_from_args
 from .piper import match_words, phoneme_groups
 from .targets import TimedWord
 from .wordtimes import OUT_RATE, to_16k, trim_word_ends
@@ -156,24 +153,12 @@ class KokoroSynth:
         return out, trim_word_ends(out, OUT_RATE, words, [(s / RATE, e / RATE) for s, e in spans])
 
 
-def write_eval_folder(corpus: Path, speaker: str, count: int, seed: int, out: Path) -> int:
-    """`count` test-split sentences (drawn with `seed`) read by `speaker` at its own speed (`eval_folder`)."""
-    synth, voice = KokoroSynth(), KokoroVoice(((speaker, 1.0),))
-    return write_test_folder(corpus, speaker, lambda words: synth.synthesize(voice, words)[0], count, seed, out)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="test sentences read by one Kokoro speaker, for score_folder.py")
-    ap.add_argument("--corpus", required=True, type=Path)
+    ap = folder_parser("test sentences read by one Kokoro speaker, for score_folder.py")
     ap.add_argument("--speaker", required=True, choices=SPEAKERS)
-    ap.add_argument("--count", type=int, default=30)
-    ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    n = write_eval_folder(args.corpus, args.speaker, args.count, args.seed, args.out)
-    logging.getLogger(__name__).info("wrote %d recordings of %s to %s", n, args.speaker, args.out)
-    return 0
+    synth, voice = KokoroSynth(), KokoroVoice(((args.speaker, 1.0),))  # at its own speed
+    return write_from_args(args, args.speaker, lambda words: synth.synthesize(voice, words)[0])
 
 
 if __name__ == "__main__":

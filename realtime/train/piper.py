@@ -28,7 +28,6 @@ import itertools
 import json
 from dataclasses import dataclass
 from importlib.util import find_spec
-from pathlib import Path
 
 import numpy as np
 
@@ -229,29 +228,18 @@ class PiperSynth:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Test sentences read by a Piper voice (joe: a speaker no training run has heard), for score_folder.py:
+    """Test sentences read by a Piper voice (joe: a speaker no shipped run has heard), for score_folder.py:
 
         python -m realtime.train.piper --corpus .train_carry/corpus.tsv.gz --count 30 --seed 5 --out /tmp/joe
     """
-    import argparse
-    import logging
+    from .eval_folder import folder_parser, write_from_args
 
-    from .eval_folder import write_test_folder
-
-    ap = argparse.ArgumentParser(description="test sentences read by one Piper voice, for score_folder.py")
-    ap.add_argument("--corpus", required=True, type=Path)
+    ap = folder_parser("test sentences read by one Piper voice, for score_folder.py")
     ap.add_argument("--voice", default="en_US-joe-medium", choices=sorted(VOICES))
-    ap.add_argument("--count", type=int, default=30)
-    ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     synth, voice = PiperSynth(), PiperVoice(args.voice)
     name = args.voice.split("-")[1]  # en_US-joe-medium -> joe
-    n = write_test_folder(args.corpus, name, lambda words: synth.synthesize(voice, words)[0], args.count, args.seed,
-                          args.out)
-    logging.getLogger(__name__).info("wrote %d recordings of %s to %s", n, args.voice, args.out)
-    return 0
+    return write_from_args(args, name, lambda words: synth.synthesize(voice, words)[0])
 
 
 if __name__ == "__main__":

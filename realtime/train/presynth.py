@@ -48,9 +48,9 @@ from pathlib import Path
 import numpy as np
 
 from .festival import festival_available
+from .kokoro import kokoro_available
 from .mbrola_en import EXTRA_NAMES, english_mbrola_data
 from .pico import pico_available
-from .kokoro import kokoro_available
 from .piper import piper_available
 from .rhvoice import rhvoice_available
 from .synth import RATE, RawShard, Task, plan_tasks, synthesize

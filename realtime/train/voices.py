@@ -19,9 +19,9 @@ import numpy as np
 from .espeak import EspeakVoice
 from .festival import FestivalVoice
 from .flite import FliteVoice
+from .kokoro import KokoroVoice
 from .mbrola_en import EXTRA_MBROLA_EN, EXTRA_NAMES
 from .pico import PicoVoice
-from .kokoro import KokoroVoice
 from .piper import PiperVoice
 from .rhvoice import RHVoiceVoice
 
