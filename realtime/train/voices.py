@@ -52,6 +52,11 @@ ACCENTED_MBROLA = (("ro1", False), ("pl1", True), ("fr1", False), ("sw2", True),
 # Kokoro's speakers (kokoro.SPEAKERS): four train, one is kept for evaluation only (benchmarks/score_folder.py)
 KOKORO_TRAIN = ("jf_alpha", "jf_gongitsune", "jf_tebukuro", "jm_kumo")
 KOKORO_EVAL = "jf_nezumi"
+# A training speaker's "extended" voices (base "jf_alpha+x"): its sound pushed away from another training speaker,
+# with any training speaker's speaking style (KokoroVoice.away, .prosody); speakers no mixture reaches. Their split
+# key is the speaker whose sound they start from
+KOKORO_EXTENDED = "+x"
+KOKORO_AWAY = (0.15, 0.45)  # how far the sound is pushed; 0.5 was still intelligible to the shipped model
 
 def voice_group(key: str) -> str:
     """"flite", "mbrola", "espeak-formant", "festival", "rhvoice", "pico", "piper" or "kokoro" for a voice key
@@ -84,6 +89,12 @@ class VoiceSpec:
     def render(self, rng: np.random.Generator
                ) -> EspeakVoice | FliteVoice | FestivalVoice | RHVoiceVoice | PicoVoice | PiperVoice | KokoroVoice:
         speed = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))
+        if self.engine == "kokoro" and self.base.endswith(KOKORO_EXTENDED):
+            own = self.base.removesuffix(KOKORO_EXTENDED)
+            others = [s for s in KOKORO_TRAIN if s != own]
+            away = (others[int(rng.integers(len(others)))], float(rng.uniform(*KOKORO_AWAY)))
+            style = KOKORO_TRAIN[int(rng.integers(len(KOKORO_TRAIN)))]
+            return KokoroVoice(((own, 1.0),), speed=speed, prosody=((style, 1.0),), away=away)
         if self.engine == "kokoro":  # Kokoro's own speed; half the time a blend towards another training speaker
             others = [s for s in KOKORO_TRAIN if s != self.base]
             if rng.random() < 0.5:
@@ -155,6 +166,7 @@ def catalogue(unseen_formant_weight: float = 0.0) -> tuple[list[VoiceSpec], list
     # Kokoro's speakers (kokoro.py), natural-sounding and new to the shipped model; pre-synthesised like Piper's.
     # KOKORO_EVAL (jf_nezumi) is in neither half: an evaluation voice that no style mixture of a run contains
     train += [VoiceSpec("kokoro", s, f"kokoro-{s}", s.startswith("jf_"), 1.0) for s in KOKORO_TRAIN]
+    train += [VoiceSpec("kokoro", s + KOKORO_EXTENDED, f"kokoro-{s}", s.startswith("jf_"), 1.0) for s in KOKORO_TRAIN]
     n_formant = len(TRAIN_ACCENTS) * len(TRAIN_VARIANTS)
     train += [_formant(a, v, 2.3 / n_formant) for a in TRAIN_ACCENTS for v in TRAIN_VARIANTS]
     if unseen_formant_weight > 0:
