@@ -8,8 +8,8 @@
 # (5 of the 8 files a call returns; with metrics.json, run.log and loss.png, all 8).
 #   carry [".train_full"]; OUT=DIR bash benchmarks/gpu_train_full.sh SEED DROPOUT MINUTES [LR]
 # MINUTES <= 9.1 (a command's limit is 600 s); LR defaults to gpu_run's 1.5e-3. Run 31: 43 0.3 9.1; run 32: 44 0.3 7.2 5e-4.
-# Thirty-first session: more Kokoro parts join the merge (below); run 33: 45 0.3 8.0 5e-4 (ps_k3 staged, ps_k4 carried),
-# run 34: the same after it on the same machine, carrying ps_kx1 in place of ps_k4.
+# Thirty-first session: more Kokoro parts join the merge (below); run 33: 45 0.3 7.6 5e-4 (ps_k3 staged, ps_k4 carried),
+# run 34: 46 0.3 7.6 1e-3 after it on the same machine, carrying ps_kx1 in place of ps_k4.
 set -u
 seed=$1 dropout=$2 minutes=$3 lr=${4:-1.5e-3}
 S=/tmp/streamscribe_stage
