@@ -6,6 +6,8 @@
 # device; call 2 (benchmarks/gpu_train_full.sh) must follow within the warm machine's idle window (30 s) and
 # refuses to start if the stage is missing.
 #   carry [".stage1"]; bash benchmarks/gpu_stage.sh
+# Thirty-third session: .stage1/ also holds kokoro_a/ (`python -m realtime.train.kokoro_carry`), the first Kokoro model
+# wheel, for benchmarks/gpu_kokoro_synth.sh (call 2).
 set -eu
 S=/tmp/streamscribe_stage
 rm -rf "$S" && mkdir -p "$S"

@@ -10,6 +10,9 @@
 # MINUTES <= 9.1 (a command's limit is 600 s); LR defaults to gpu_run's 1.5e-3. Run 31: 43 0.3 9.1; run 32: 44 0.3 7.2 5e-4.
 # Thirty-first session: more Kokoro parts join the merge (below); run 33: 45 0.3 7.6 5e-4 (ps_k3 staged, ps_k4 carried),
 # run 34: 46 0.3 7.6 1e-3 after it on the same machine, carrying ps_kx1 in place of ps_k4.
+# Thirty-second session (a fresh machine: every part rebuilt, see the model card): parts found by name, KOKORO_REPEAT.
+# Thirty-third session: the Kokoro part is made on the device by benchmarks/gpu_kokoro_synth.sh (call 2, ps_kdSEED in
+# the stage); runs 35 and 36 are calls 3 and 4.
 set -u
 seed=$1 dropout=$2 minutes=$3 lr=${4:-1.5e-3}
 S=/tmp/streamscribe_stage
@@ -18,15 +21,21 @@ export PYTHONUNBUFFERED=1
 C=/tmp/carry_full
 rm -rf "$C" && mkdir -p "$C"
 for f in corpus.tsv.gz engines.tar.xz tok wheels real; do ln -s "$PWD/.train_full/$f" "$C/$f"; done
-# Kokoro parts made after the thirtieth session (ps_k3, ps_k4, ..., ps_kx1 of the extended voices), staged by call 1
-# or carried in .train_full/. A carried part is also copied to the stage, so a later call on the same warm machine
-# trains on it without carrying it again (room for the next part).
-for d in .train_full/ps_k[3-9]* .train_full/ps_kx*; do [ -d "$d" ] && cp -r "$d" "$S/"; done
-extra=()
-for d in "$S"/ps_k[3-9]* "$S"/ps_kx*; do [ -d "$d" ] && extra+=("${d##*/ps_}-=$d"); done
-echo "extra Kokoro parts: ${extra[*]:-none}"
-python3 -m realtime.train.presynth merge --out "$C/presynth" pre-=.train_full/ps_A pre2-=.train_full/ps_B \
-  mb9-=.train_full/ps_mb9 ev-=.train_full/ps_ev rh-="$S/ps_rh" ko-="$S/ps_k" ko2-=.train_full/ps_k2 "${extra[@]}" || exit 4
+# Every pre-synthesised part joins the merge: each `ps_NAME` folder carried in .train_full/ or staged by call 1
+# becomes the part `NAME-` (thirty-second session; the parts' names no longer matter to the script). A carried part
+# is also copied to the stage, so a later call on the same warm machine trains on it without carrying it again.
+# KOKORO_REPEAT=N (default 1) merges each Kokoro part (ps_k*) N times under distinct prefixes: N times its share of
+# the uniformly drawn shards, at no carry cost (a fresh machine's Kokoro hours are fewer than the runs before had).
+for d in .train_full/ps_*; do [ -d "$d" ] && cp -r "$d" "$S/"; done
+parts=()
+for d in "$S"/ps_*; do
+  [ -d "$d" ] || continue
+  name=${d##*/ps_}
+  parts+=("$name-=$d")
+  case "$name" in k*) for r in $(seq 2 "${KOKORO_REPEAT:-1}"); do parts+=("${name}r$r-=$d"); done;; esac
+done
+echo "parts: ${parts[*]}"
+python3 -m realtime.train.presynth merge --out "$C/presynth" "${parts[@]}" || exit 4
 timeout 580 python3 -m realtime.train.gpu_run run --carry "$C" --out "$OUT" \
   --minutes "$minutes" --seed "$seed" --init-from "$S/default" --warmup-steps 100 --lr "$lr" --p-eq 0.25 \
   --unseen-formant-weight 2 --ema-decay 0.999 --dropout "$dropout" > /tmp/train_stdout.log 2>&1

