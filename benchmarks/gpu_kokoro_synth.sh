@@ -6,7 +6,12 @@
 # device's /tmp, and packs Kokoro shards into the stage as ps_kdN, where the training calls
 # (benchmarks/gpu_train_full.sh) merge every ps_* folder. Must follow within the warm machine's idle window (30 s).
 #   carry [".kokoro_b"]; OUT=$OUT bash benchmarks/gpu_kokoro_synth.sh SEED SECONDS [VOICES...]
-# SECONDS: how long shards may start (the last ones finish after it; then the Opus packing).
+# SECONDS: how long shards may start (those running then finish after it; then the Opus packing).
+# Measured in the thirty-third session (seed 47, SECONDS 400): the device's 16 workers made only 6x real time (0.4x a
+# worker, against 1.9x for one thread on this box), 1 h of speech in 10 min. With 10-sentence shards and two queued
+# a worker, the tail after SECONDS ran past the call's 590 s before anything was packed; the shards were packed
+# from the device's /tmp by a follow-up call. Now queued shards are dropped at SECONDS (realtime/train/synth.py)
+# and shards hold 4 sentences: SECONDS 420 leaves about 60 s for the running shards and the packing.
 set -u
 seed=$1 seconds=$2
 shift 2
@@ -31,7 +36,7 @@ n=$(nproc)
 echo "cores: $n; voices: ${voices[*]}"
 out="$S/ps_kd$seed"
 python3 -m realtime.train.presynth pack --corpus .kokoro_b/corpus.tsv.gz --out "$out" --level 0.98 \
-  --voices "${voices[@]}" --hours 20 --seed "$seed" --workers "$n" --max-seconds "$seconds" 2> "$OUT/kokoro_synth.log"
+  --voices "${voices[@]}" --hours 20 --sentences-per-shard 4 --seed "$seed" --workers "$n" --max-seconds "$seconds" 2> "$OUT/kokoro_synth.log"
 rc=$?
 tail -c 3000 "$OUT/kokoro_synth.log" | tr '\r' '\n' | tail -5
 cp "$out/index.json" "$OUT/kokoro_index.json" 2>/dev/null

@@ -124,7 +124,7 @@ def test_pack_synthesises_training_shards_that_unpack_into_a_corpus(tmp_path):
 
 def test_pack_stops_starting_shards_at_its_time_limit(tmp_path):
     """--max-seconds (a device call's limit): a plan of hours stops early and packs the shards that were done; with
-    the limit already past, only the first queue of shards (two per worker) runs."""
+    the limit already past, queued shards are dropped and only those a worker had already taken finish."""
     import shutil
 
     from realtime.train.text_corpus import Sentence, write_corpus
@@ -138,7 +138,7 @@ def test_pack_stops_starting_shards_at_its_time_limit(tmp_path):
     assert main(["pack", "--corpus", str(corpus), "--out", str(packed), "--voices", "mb-us1", "--hours", "5",
                  "--sentences-per-shard", "1", "--workers", "1", "--max-seconds", "0"]) == 0
     index = json.loads((packed / "index.json").read_text())
-    assert 1 <= index["shards"] <= 2 and len(list(packed.glob("*" + SUFFIX))) == index["shards"]
+    assert index["shards"] <= 2 and len(list(packed.glob("*" + SUFFIX))) == index["shards"]
     assert index["hours"] < 0.01  # of a 5-hour plan
 
 

@@ -215,6 +215,13 @@ def synthesize(tasks: list[Task], out_dir: Path, workers: int, deadline: float |
             if len(pending) >= 2 * workers:
                 break
         while pending:
+            if deadline is not None and time.time() >= deadline:
+                # past the deadline, queued shards that no worker has started are dropped: only the running ones
+                # finish (a device call's time limit; the queue holds two shards a worker)
+                for queued in [f for f in pending if f.cancel()]:
+                    pending.pop(queued)
+                if not pending:
+                    break
             fut = next(as_completed(pending))
             pending.pop(fut)
             try:
