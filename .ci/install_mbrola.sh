@@ -6,8 +6,11 @@
 # machine's own Debian mirror) and leave /etc alone
 # (../shared/reference/speech_data.md §1). Failure only warns: the tests that need them then report
 # themselves as skipped.
+#   bash .ci/install_mbrola.sh [PACKAGE...]   extra packages from the same sections (the training voices:
+#                                             benchmarks/rebuild_training_parts.sh); with them nothing is skipped
 set -uo pipefail
-[ -f /usr/share/mbrola/us1/us1 ] && command -v mbrola >/dev/null && command -v festival >/dev/null \
+extra=("$@")
+[ ${#extra[@]} -eq 0 ] && [ -f /usr/share/mbrola/us1/us1 ] && command -v mbrola >/dev/null && command -v festival >/dev/null \
   && [ -d /usr/share/festival/voices/english/rab_diphone ] && [ -d /usr/share/festival/voices/english/ked_diphone ] \
   && [ -d /usr/share/RHVoice/voices/bdl ] && [ -e /usr/lib/x86_64-linux-gnu/libRHVoice.so.5 ] \
   && [ -f /usr/share/mbrola/cr1/cr1 ] && command -v pico2wave >/dev/null && exit 0
@@ -24,8 +27,9 @@ opts=(-o "Dir::Etc::SourceList=$dir/sources.list" -o "Dir::Etc::SourceParts=$dir
       -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache")
 if $sudo apt-get "${opts[@]}" update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get "${opts[@]}" install -y -qq \
      --no-install-recommends mbrola mbrola-us1 festival festvox-rablpc16k festvox-kdlpc16k librhvoice5 rhvoice-english \
-     mbrola-fr2 mbrola-fr3 mbrola-fr5 mbrola-fr6 mbrola-fr7 mbrola-de7 mbrola-es1 mbrola-es2 mbrola-cr1 >/dev/null; then
-  echo "mbrola + us1 + the nine databases of realtime/train/mbrola_en.py, festival + rab + ked, RHVoice English installed"
+     mbrola-fr2 mbrola-fr3 mbrola-fr5 mbrola-fr6 mbrola-fr7 mbrola-de7 mbrola-es1 mbrola-es2 mbrola-cr1 "${extra[@]}" \
+     >/dev/null; then
+  echo "mbrola + us1 + the nine databases of realtime/train/mbrola_en.py, festival + rab + ked, RHVoice English installed${extra:+ (and ${extra[*]})}"
 else
   echo "WARNING: could not install mbrola/festival/RHVoice (contrib/non-free); their synthesis tests will be skipped" >&2
 fi

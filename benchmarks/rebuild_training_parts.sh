@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# A fresh machine's training inputs in one command (issue 6). Sessions often start on a machine without any of the
+# git-ignored folders the device calls carry; this rebuilds them from the repository, with the model card's
+# commands, with the earlier builds' shard counts and hours and sizes within 0.01% (thirty-fourth session):
+#   1. Debian packages: the CI set (chromium, espeak-ng, sox, .ci/install_mbrola.sh) and the training engines'
+#      (flite, the text corpus, the real recordings, and the mbrola/Festival voices of Debian's contrib/non-free
+#      sections through .ci/install_mbrola.sh's private sources list);
+#   2. .venv with the test extra (which holds the training packages), via tasks.py;
+#   3. the carry (`prepare_carry --mbrola`: corpus, engines, tokenizer, wheels, real recordings) in .train_carry/;
+#   4. the pre-synthesised parts of the 35 recorded speakers (models/default_model_card.md): ps_A, ps_B, ps_rh,
+#      ps_mb9 and the seed-8 evaluation shards ps_ev;
+#   5. the two carries of a continuation from the shipped weights: .stage1/ (the shipped model, for
+#      benchmarks/gpu_stage.sh) and .train_full/ (for benchmarks/gpu_train_full.sh), listed in .git/info/exclude.
+# 17 minutes on the 2-core box with .venv and the CI's packages already there (ps_rh's RHVoice alignment is 11 of
+# them); a bare machine adds about 5 for the packages and 4 for .venv. A part whose index.json exists is kept.
+#   bash benchmarks/rebuild_training_parts.sh [WORK_DIR]     (WORK_DIR: where the parts are built; /tmp/parts)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=${1:-/tmp/parts}
+mkdir -p "$work"
+log() { echo "$(date +%H:%M:%S) $*"; }
+sudo=""
+[ "$(id -u)" = 0 ] || sudo="sudo"
+
+log "1. Debian packages"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium espeak-ng sox \
+  flite1-dev flite pocketsphinx-testdata fortunes wordnet-base wamerican gcc >/dev/null
+# the voices of ps_A's 17 mbrola speakers, the held-out us3 and en1, and two Festival voices the corpus names
+bash .ci/install_mbrola.sh mbrola-us2 mbrola-us3 mbrola-en1 mbrola-ro1 mbrola-pl1 mbrola-fr1 mbrola-sw2 \
+  mbrola-fr4 mbrola-af1 mbrola-hu1 mbrola-sw1 mbrola-de1 mbrola-de2 mbrola-de3 mbrola-de4 mbrola-de5 mbrola-de6 \
+  mbrola-nl2 festvox-us-slt-hts festvox-kallpc16k
+
+log "2. .venv"
+[ -x .venv/bin/python ] || python3 tasks.py test --co -q >/dev/null
+PY=.venv/bin/python
+
+log "3. the carry"
+[ -f "$work/carry/corpus.tsv.gz" ] || $PY -m realtime.train.prepare_carry --out "$work/carry" --mbrola
+C="$work/carry/corpus.tsv.gz"
+pack() {  # pack NAME ARGS...: one part, unless it was built before
+  local name=$1
+  shift
+  if [ -f "$work/$name/index.json" ]; then log "   $name: built before"; return; fi
+  rm -rf "$work/$name"
+  log "   $name"
+  $PY -m realtime.train.presynth pack --corpus "$C" --level 0.98 --workers 2 --out "$work/$name" "$@"
+}
+
+log "4. the pre-synthesised parts"
+pack ps_A --seed 23 --hours 4.3 --voices mb-us1 mb-us2 mb-ro1-en mb-pl1-en mb-fr1-en mb-sw2-en mb-fr4-en \
+  mb-af1-en mb-hu1-en mb-sw1-en mb-de2-en mb-de1-en mb-de3-en mb-nl2-en mb-de5-en mb-de4-en mb-de6-en \
+  rab_diphone ked_diphone
+pack ps_B --seed 24 --hours 0.5 --voices rab_diphone ked_diphone
+pack ps_rh --seed 25 --hours 1.3 --voices bdl clb evgeniy-eng lyubov
+pack ps_mb9 --seed 26 --hours 1.1 --sentences-per-shard 5 --voices mb-fr2-en mb-fr3-en mb-fr5-en mb-fr6-en \
+  mb-fr7-en mb-de7-en mb-es1-en mb-es2-en mb-cr1-en
+if [ ! -f "$work/ps_ev/index.json" ]; then
+  log "   ps_ev"
+  $PY -m realtime.train.presynth pack-eval --corpus "$C" --out "$work/ps_ev" --voices mb-us3 mb-en1 --seed 8
+fi
+
+log "5. .train_carry, .stage1, .train_full"
+rm -rf .train_carry .stage1 .train_full
+cp -r "$work/carry" .train_carry
+mkdir -p .stage1 .train_full
+cp -r models/default .stage1/default
+for f in corpus.tsv.gz engines.tar.xz tok wheels real; do cp -r "$work/carry/$f" .train_full/; done
+for p in ps_A ps_B ps_rh ps_mb9 ps_ev; do cp -r "$work/$p" .train_full/; done
+mkdir -p .git/info
+for d in .venv .bench_audio .train_carry .whl_gpu .kokoro_eval .joe_eval .carry_parts .stage1 .train_full \
+         .drafter_carry .kokoro_b; do
+  grep -qxF "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude
+done
+for p in ps_A ps_B ps_rh ps_mb9 ps_ev; do  # the Opus bytes each part's index.json counts
+  $PY -c "import json, sys; i = json.load(open(sys.argv[1])); print(sys.argv[2], i.get('bytes'), 'bytes,', i.get('shards'), 'shards')" \
+    "$work/$p/index.json" "$p"
+done
+du -sh .stage1 .train_full
+log "done: with docs/ and models/ moved out of the tree, carry .stage1 (bash benchmarks/gpu_stage.sh), then" \
+    ".train_full (OUT=\$OUT bash benchmarks/gpu_train_full.sh SEED DROPOUT MINUTES [LR]) within 30 s"
