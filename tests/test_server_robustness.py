@@ -120,6 +120,60 @@ async def test_disconnect_at_any_moment_frees_engine_streams(start_server, engin
     assert await fresh_vllm_utterance(srv.ws_url, SHORT) == reference(SHORT)
 
 
+def _live_session_objects() -> dict[str, int]:
+    """Instances of the per-session classes still reachable after a full collection, by class name."""
+    import gc
+
+    from realtime.engine.stream import EngineStream as EngineSideStream
+    from stream_server.connection import Connection
+    from stream_server.engine_stream import EngineStream
+    from stream_server.openai_dialect import OpenAIDialect
+    from stream_server.timestamps import WordTracker
+    from stream_server.vllm_dialect import VllmDialect
+
+    kinds = (Connection, EngineStream, EngineSideStream, OpenAIDialect, VllmDialect, WordTracker)
+    gc.collect()
+    counts = {k.__name__ + ("" if k is not EngineSideStream else " (engine)"): 0 for k in kinds}
+    for obj in gc.get_objects():
+        for k in kinds:
+            if type(obj) is k:
+                counts[k.__name__ + ("" if k is not EngineSideStream else " (engine)")] += 1
+    return counts
+
+
+async def test_finished_sessions_leave_no_objects_behind(start_server, engine, reference):
+    """A long-running service must not keep anything of a session once it is over: after finished sessions of both
+    dialects, a client that vanishes mid-audio and one that closes mid-item, no connection, dialect, word tracker
+    or stream object (server or engine side) survives a garbage collection. (480 sessions of the default model
+    on the CPU left the server's RSS flat: benchmarks/soak_sessions.py, docs/benchmarks.md issue 4.)"""
+    srv = start_server()
+    audio = pcm16(clip(1.2, seed=43))
+
+    async def openai_turn(close_mid_item: bool) -> None:
+        ws = await connect(srv.ws_url + "?intent=transcription")
+        await recv_json(ws)
+        await send_json(ws, {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}}})
+        await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(audio)})
+        if not close_mid_item:
+            await send_json(ws, {"type": "input_audio_buffer.commit"})
+            await recv_until(ws, {"conversation.item.input_audio_transcription.completed"})
+        await ws.close()
+
+    async def vllm_vanishes() -> None:
+        ws = await open_vllm(srv.ws_url)
+        await send_json(ws, {"type": "input_audio_buffer.commit"})
+        await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(audio)})
+        ws.transport.abort()
+
+    for _ in range(2):
+        await asyncio.gather(fresh_vllm_utterance(srv.ws_url, SHORT), openai_turn(False), openai_turn(True),
+                             vllm_vanishes())
+    assert wait_for(lambda: engine.stats().active_streams == 0)
+    assert wait_for(lambda: srv.call(lambda: len(srv.server.active)) == 0)
+    assert wait_for(lambda: not any(_live_session_objects().values()), timeout=5.0), _live_session_objects()
+
+
 async def test_dead_client_is_dropped_by_keepalive(start_server, engine):
     srv = start_server(ping_interval_s=0.2, ping_timeout_s=0.2, close_timeout_s=0.5)
     ws = await open_vllm(srv.ws_url, ping_interval=None)
