@@ -61,12 +61,16 @@ if [ ! -f "$work/ps_ev/index.json" ]; then
 fi
 
 log "5. .train_carry, .stage1, .train_full"
-rm -rf .train_carry .stage1 .train_full
+# only what this script makes is replaced: other parts put there (Kokoro's ps_k*, made here with `presynth pack`)
+# stay, and gpu_train_full.sh merges every ps_* folder it finds
+rm -rf .train_carry .stage1/default
 cp -r "$work/carry" .train_carry
 mkdir -p .stage1 .train_full
 cp -r models/default .stage1/default
-for f in corpus.tsv.gz engines.tar.xz tok wheels real; do cp -r "$work/carry/$f" .train_full/; done
-for p in ps_A ps_B ps_rh ps_mb9 ps_ev; do cp -r "$work/$p" .train_full/; done
+for f in corpus.tsv.gz engines.tar.xz tok wheels real ps_A ps_B ps_rh ps_mb9 ps_ev; do
+  rm -rf ".train_full/$f"
+  if [ -e "$work/carry/$f" ]; then cp -r "$work/carry/$f" .train_full/; else cp -r "$work/$f" .train_full/; fi
+done
 mkdir -p .git/info
 for d in .venv .bench_audio .train_carry .whl_gpu .kokoro_eval .joe_eval .carry_parts .stage1 .train_full \
          .drafter_carry .kokoro_b; do
