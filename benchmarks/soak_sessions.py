@@ -1,7 +1,7 @@
 """Soak: many short sessions against one in-process server; does anything of a finished session stay behind?
 
     python benchmarks/soak_sessions.py --model default --files a.wav b.wav --sessions 240 --concurrency 4 \
-        [--warmup 40] [--out soak.json]
+        [--warmup 40] [--drafter models/default_drafter] [--no-trace] [--out soak.json]
 
 Starts the batched engine and the websocket server in this process (like `python -m stream_server`), runs
 `--warmup` sessions, then `--sessions` more in rounds of `--concurrency`, alternating the vLLM and OpenAI dialects
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--drafter", default=None, help="an Eagle drafter folder: soak the speculative engine")
     ap.add_argument("--files", nargs="+", required=True, help="WAV/FLAC/Ogg files, sent in turn")
     ap.add_argument("--sessions", type=int, default=240)
     ap.add_argument("--warmup", type=int, default=40)
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     pcms = [base64.b64encode((np.clip(load_audio_file(f), -1, 1) * 32767).astype("<i2").tobytes()).decode()
             for f in args.files]
     engine = build_engine("batched", args.model, model_name=MODEL, device=args.device,
-                          max_streams=max(16, args.concurrency))
+                          max_streams=max(16, args.concurrency), drafter=args.drafter)
     engine.start()
     server = ServerThread(ServerSettings(port=0, served_model_names=(MODEL,)), engine).start()
     try:
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.stop()
     half = samples[len(samples) // 2]
     report = {
-        "model": args.model, "files": args.files, "concurrency": args.concurrency, "warmup": args.warmup,
+        "model": args.model, "drafter": args.drafter, "files": args.files, "concurrency": args.concurrency, "warmup": args.warmup,
         "warmup_completed": warm_done, "warmup_errors": warm_errors,
         "sessions": args.sessions, "completed": done, "errors": errors, "wall_s": wall,
         "rss_kb_start": rss0, "rss_kb_half": half[1], "rss_kb_end": samples[-1][1],
