@@ -10,6 +10,10 @@
   socket and TCP flow control slows the client down.
 * Idle timeout: no client message for `idle_timeout_s` while nothing is in flight -> `idle_timeout`
   error, then close. Time spent paused by backpressure or waiting for the engine is not idle.
+* Keepalive (ours, not the websockets library's): a ping every `ping_interval_s`; a client whose pong has not come
+  after `ping_timeout_s` of the receive loop waiting on the socket is dropped (1011). Time the loop spends paused
+  by backpressure does not count: a client that uploads faster than the engine decodes has its pong queued in the
+  socket behind its own audio, which we are not reading (the library's keepalive cut such sessions).
 * Engine stall watchdog: queued work that sees no engine progress for `engine_stall_timeout_s` ->
   `engine_stalled` error, then close (an open socket never stalls silently).
 * The dialect is chosen by the URL (`?intent=transcription` or `?model=` -> OpenAI) or else by the
@@ -138,6 +142,7 @@ class Connection:
         self.outbox = Outbox()
         self._closing = False
         self._last_activity = time.monotonic()
+        self._reading = False  # the receive loop waits on the socket (a pong could arrive now)
         self.dialect: Dialect
         if wants_openai(query):
             self.dialect, self._undecided = OpenAIDialect(self), False
@@ -169,18 +174,19 @@ class Connection:
     async def run(self) -> None:
         sender = asyncio.create_task(self._send_loop(), name=f"send-{self.session_id}")
         watchdog = asyncio.create_task(self._watchdog(), name=f"watchdog-{self.session_id}")
+        keepalive = asyncio.create_task(self._keepalive(), name=f"keepalive-{self.session_id}")
         receiver = asyncio.create_task(self._receive_loop(), name=f"recv-{self.session_id}")
         try:
             self.send(self.dialect.session_created())
             # The session ends when the client goes away (receiver ends), when we close it after
             # flushing (sender ends), or when sending fails.
-            await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({sender, receiver, keepalive}, return_when=asyncio.FIRST_COMPLETED)
             if receiver.done() and not sender.done() and self._closing:
                 await asyncio.wait({sender}, timeout=5)
         finally:
-            for t in (receiver, watchdog, sender):
+            for t in (receiver, watchdog, keepalive, sender):
                 t.cancel()
-            results = await asyncio.gather(receiver, watchdog, sender, return_exceptions=True)
+            results = await asyncio.gather(receiver, watchdog, keepalive, sender, return_exceptions=True)
             for r in results:
                 if isinstance(r, Exception):  # a bug: the session ends, the server goes on
                     logger.error("session %s: task failed", self.session_id, exc_info=r)
@@ -237,7 +243,11 @@ class Connection:
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError
                 async with asyncio.timeout(remaining):
-                    message = await self.ws.recv()
+                    self._reading = True
+                    try:
+                        message = await self.ws.recv()
+                    finally:
+                        self._reading = False
             except TimeoutError:
                 if self._busy():
                     self.touch()
@@ -284,6 +294,44 @@ class Connection:
         except Exception as exc:  # a bug or engine failure in one event must not end the session
             logger.exception("session %s: event %r failed", self.session_id, event.get("type"))
             self.send_error(ProtocolError("processing_error", f"{type(exc).__name__}: {exc}"), client_event_id)
+
+    async def _keepalive(self) -> None:
+        """Ping every `ping_interval_s`; drop the client when `ping_timeout_s` of reading passes without its pong.
+        Returns (which ends the session) only when it dropped the client."""
+        interval, timeout = self.settings.ping_interval_s, self.settings.ping_timeout_s
+        if not interval:
+            await asyncio.Event().wait()  # keepalive off: nothing to do until the session ends (cancelled)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                async with asyncio.timeout(timeout):  # writing waits while the client leaves our data unread
+                    pong = await self.ws.ping()
+            except ConnectionClosed:
+                await asyncio.Event().wait()  # closing already: the receiver or sender ends the session
+            except TimeoutError:
+                await self._drop_unresponsive(timeout)
+                return
+            # a close sets ConnectionClosed on a pong still awaited: retrieve it so asyncio does not report it
+            pong.add_done_callback(lambda f: f.cancelled() or f.exception())
+            unanswered = 0.0
+            while timeout and not pong.done():
+                t0, reading = time.monotonic(), self._reading
+                await asyncio.wait({pong}, timeout=min(0.05, timeout))
+                if reading and self._reading:  # asking for data all along: the client could have answered
+                    unanswered += time.monotonic() - t0
+                if unanswered >= timeout:
+                    await self._drop_unresponsive(timeout)
+                    return
+
+    async def _drop_unresponsive(self, timeout: float) -> None:
+        logger.info("session %s: no pong after %.1f s of reading; closing", self.session_id, timeout)
+        self.metrics.keepalive_timeouts.inc()
+        self._closing = True
+        try:
+            async with asyncio.timeout(self.settings.close_timeout_s or 1.0):
+                await self.ws.close(CLOSE_INTERNAL_ERROR, "keepalive ping timeout")
+        except TimeoutError:
+            self.ws.transport.abort()  # a hung peer does not finish the closing handshake
 
     async def _watchdog(self) -> None:
         limit = self.settings.engine_stall_timeout_s

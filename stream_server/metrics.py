@@ -110,6 +110,8 @@ class Metrics:
                                 "Connections refused, by reason.", ("reason",))
         self.errors = Counter("streamscribe_error_events_total", "Error events sent to clients, by code.", ("code",))
         self.tokens = Counter("streamscribe_tokens_emitted_total", "Engine tokens delivered to sessions.")
+        self.keepalive_timeouts = Counter("streamscribe_keepalive_timeouts_total",
+                                          "Sessions closed because the client answered no keepalive ping.")
         self.read_pauses = Counter("streamscribe_read_pauses_total",
                                    "Times a session stopped reading its socket (backpressure), by cause.", ("cause",))
         self.audio_seconds = Counter("streamscribe_audio_received_seconds_total",

@@ -65,8 +65,8 @@ class StreamServer:
             compression=None,  # audio is incompressible base64: deflate would only cost CPU and memory
             max_size=s.max_message_bytes * s.transport_max_factor,
             max_queue=4,  # frames buffered before the library stops reading the socket (backpressure)
-            ping_interval=s.ping_interval_s,
-            ping_timeout=s.ping_timeout_s,
+            ping_interval=None,  # Connection runs its own keepalive, which knows when we hold reading back
+            ping_timeout=None,
             close_timeout=s.close_timeout_s,
             reuse_port=s.reuse_port,
         )

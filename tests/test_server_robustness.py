@@ -183,6 +183,7 @@ async def test_dead_client_is_dropped_by_keepalive(start_server, engine):
     ws.transport.pause_reading()  # the client stops answering pings (a hung peer)
     assert await asyncio.to_thread(wait_for, lambda: srv.call(lambda: len(srv.server.active)) == 0, 10)
     assert await asyncio.to_thread(wait_for, lambda: engine.stats().active_streams == 0, 10)
+    assert srv.call(lambda: srv.server.metrics.keepalive_timeouts.get()) == 1
     ws.transport.abort()
 
 
@@ -192,6 +193,97 @@ async def test_idle_connection_kept_alive_by_pings(start_server, reference):
     await asyncio.sleep(0.6)  # several keepalive rounds with no traffic
     assert await utterance_vllm(ws, SHORT) == reference(SHORT)
     await ws.close()
+
+
+async def test_keepalive_off_sessions_work_and_end(start_server, reference):
+    """--ping-interval 0: no pings, and sessions still transcribe and end (nothing waits on a keepalive)."""
+    srv = start_server(ping_interval_s=None, ping_timeout_s=None)
+    ws = await open_vllm(srv.ws_url, ping_interval=None)
+    assert await utterance_vllm(ws, SHORT) == reference(SHORT)
+    await ws.close()
+    assert await asyncio.to_thread(wait_for, lambda: srv.call(lambda: len(srv.server.active)) == 0, 10)
+
+
+class ThrottledEngine:
+    """Delegates to a real engine, but hands it a stream's audio at `rate` x real time from a thread of its own: an
+    engine slower than the client's upload, so the server's backpressure holds reading for seconds."""
+
+    def __init__(self, inner, rate: float) -> None:
+        self.inner, self.config, self.model_name, self.rate = inner, inner.config, inner.model_name, rate
+        self.queued: dict[int, list[np.ndarray]] = {}
+        self.finishing: set[int] = set()
+        self.lock = threading.Lock()
+        self.running = True
+        self.thread = threading.Thread(target=self._forward, daemon=True)
+        self.thread.start()
+
+    def _forward(self) -> None:
+        step = 1280  # one 80 ms frame
+        while self.running:
+            with self.lock:
+                for sid, chunks in self.queued.items():
+                    if chunks:
+                        head = chunks[0]
+                        self.inner.push_audio(sid, head[:step])
+                        if len(head) > step:
+                            chunks[0] = head[step:]
+                        else:
+                            chunks.pop(0)
+                    if not chunks and sid in self.finishing:
+                        self.finishing.discard(sid)
+                        self.inner.finish_stream(sid)
+            time.sleep(step / 16000 / self.rate)
+
+    def stop_forwarding(self) -> None:
+        self.running = False
+        self.thread.join()
+
+    def open_stream(self, on_event, *, delay_ms=None):
+        sid = self.inner.open_stream(on_event, delay_ms=delay_ms)
+        with self.lock:
+            self.queued[sid] = []
+        return sid
+
+    def push_audio(self, sid, samples) -> None:
+        with self.lock:
+            self.queued[sid].append(np.asarray(samples, np.float32))
+
+    def finish_stream(self, sid) -> None:
+        with self.lock:
+            self.finishing.add(sid)
+
+    def close_stream(self, sid) -> None:
+        with self.lock:
+            self.queued.pop(sid, None)
+            self.finishing.discard(sid)
+        self.inner.close_stream(sid)
+
+    def pending_audio_seconds(self, sid) -> float:
+        with self.lock:
+            held = sum(len(c) for c in self.queued.get(sid, ())) / 16000
+        return held + self.inner.pending_audio_seconds(sid)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+async def test_keepalive_spares_a_client_whose_pong_waits_behind_its_audio(start_server, engine, reference):
+    """A client that uploads faster than the engine decodes (a file sent at once) is held back by the server's
+    backpressure, so its pong to a keepalive ping waits in the socket behind its own audio until the engine catches
+    up. That is the server not reading, not the client failing to answer: the session must go on. (With the
+    websockets library's own keepalive, this closed the session with 1011 after the ping timeout: a 30-minute file
+    sent at 50x real time to the default model on the CPU was cut after 40 s.)"""
+    slow = ThrottledEngine(engine, rate=4.0)
+    srv = start_server(engine_override=slow, ping_interval_s=0.2, ping_timeout_s=0.5, max_pending_audio_s=0.3)
+    audio = clip(6.0, seed=48)
+    try:
+        ws = await open_vllm(srv.ws_url)
+        assert await utterance_vllm(ws, audio) == reference(audio)
+        await ws.close()
+    finally:
+        slow.stop_forwarding()
+    assert srv.call(lambda: srv.server.metrics.read_pauses.get("engine_backlog")) > 0  # reading was held back
+    assert srv.call(lambda: srv.server.metrics.keepalive_timeouts.get()) == 0
 
 
 # -- limits --------------------------------------------------------------------------------------------
