@@ -314,9 +314,12 @@ class Connection:
             # a close sets ConnectionClosed on a pong still awaited: retrieve it so asyncio does not report it
             pong.add_done_callback(lambda f: f.cancelled() or f.exception())
             unanswered = 0.0
+            # a tenth of the timeout per look (2 s at the default): a thousand sessions waiting on pongs behind
+            # backlogged audio cost the event loop a few hundred wake-ups a second, not tens of thousands
+            poll = min(max(0.05, (timeout or 0.0) / 10), timeout or 0.0)
             while timeout and not pong.done():
                 t0, reading = time.monotonic(), self._reading
-                await asyncio.wait({pong}, timeout=min(0.05, timeout))
+                await asyncio.wait({pong}, timeout=poll)
                 if reading and self._reading:  # asking for data all along: the client could have answered
                     unanswered += time.monotonic() - t0
                 if unanswered >= timeout:
