@@ -106,6 +106,15 @@ class ClientConfig:
     connect_timeout_s: float = 15.0
 
 
+def client_keepalive(rate: float | None) -> dict[str, Any]:
+    """The client's websocket keepalive for audio sent at `rate` x real time (None: unpaced, all at once).
+    A client that sends faster than the server decodes is held back by the server's backpressure: the server stops
+    reading, so the client's own pings wait in the socket behind its audio and a ping timeout would cut a healthy
+    session (four streams at 20x to the default model on the CPU were cut after about 40 s). Such clients rely
+    on the server's keepalive instead; paced clients keep the library's (a dead server is still noticed)."""
+    return {"ping_interval": None} if rate is None or rate > 1.0 else {}
+
+
 def endpoint(cfg: ClientConfig) -> str:
     parts = urllib.parse.urlsplit(cfg.url)
     path = parts.path if parts.path not in ("", "/") else "/v1/realtime"
@@ -299,7 +308,7 @@ async def run_stream(cfg: ClientConfig, pcm: np.ndarray, index: int, start_at: f
     try:
         async with asyncio.timeout(budget):
             async with websockets.connect(endpoint(cfg), additional_headers=headers, max_size=None,
-                                          open_timeout=cfg.connect_timeout_s) as ws:
+                                          open_timeout=cfg.connect_timeout_s, **client_keepalive(cfg.rate)) as ws:
                 first = json.loads(await ws.recv())
                 if first.get("type") == "error":
                     on_message(json.dumps(first), clock())
@@ -345,7 +354,8 @@ async def transcribe_pcm(cfg: ClientConfig, pcm: bytes, chunk_bytes: int = 4096)
     res = StreamResult(0, len(pcm) / 2 / RATE)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
     async with asyncio.timeout(cfg.connect_timeout_s + cfg.final_timeout_s + len(pcm) / 2 / RATE):
-        async with websockets.connect(endpoint(cfg), additional_headers=headers, max_size=None) as ws:
+        async with websockets.connect(endpoint(cfg), additional_headers=headers, max_size=None,
+                                      **client_keepalive(None)) as ws:
             first = json.loads(await ws.recv())
             if first.get("type") != "session.created":
                 raise RuntimeError(f"expected session.created, got {first}")

@@ -206,6 +206,14 @@ def test_slo_rule() -> None:
     assert not passes_slo(LevelSummary(streams=4, completed=4, delay_p99_ms=None), 580)
 
 
+def test_client_keepalive_is_off_only_for_uploads_faster_than_real_time() -> None:
+    """Paced clients keep the websockets library's pings; a client sending faster than real time (or everything at
+    once) has its pings held behind its audio by the server's backpressure, so it leaves keepalive to the server."""
+    assert loadtest.client_keepalive(1.0) == {} and loadtest.client_keepalive(0.5) == {}
+    assert loadtest.client_keepalive(20.0) == {"ping_interval": None}
+    assert loadtest.client_keepalive(None) == {"ping_interval": None}
+
+
 def test_percentile_and_stream_audio() -> None:
     assert loadtest.percentile([], 50) is None
     assert loadtest.percentile(list(range(1, 101)), 99) == 99
