@@ -162,6 +162,28 @@ def test_data_parallel_rank_failure_is_reported_not_hung(setup: tuple[Path, Path
         train_data_parallel(cfg, world=2)
 
 
+class _FakeRank:
+    def __init__(self, name: str, exitcode: int | None) -> None:
+        self.name, self.exitcode = name, exitcode
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+
+def test_a_rank_that_dies_after_reporting_keeps_the_run() -> None:
+    """A rank that aborts in teardown after writing its result (a CI run saw exit code -6 there) does not fail the
+    run; one that dies before reporting does, and a peer left waiting is given up on once all have reported."""
+    from realtime.train.distributed import supervise
+
+    supervise([_FakeRank("rank0", 0), _FakeRank("rank1", -6)], reported=lambda r: True, poll_s=0.0)
+    with pytest.raises(RuntimeError, match="rank1 failed \\(exit code -6\\)"):
+        supervise([_FakeRank("rank0", 0), _FakeRank("rank1", -6)], reported=lambda r: r == 0, poll_s=0.0)
+    stuck = _FakeRank("rank0", None)  # in the closing barrier of a peer that died after reporting
+    supervise([stuck, _FakeRank("rank1", -6)], reported=lambda r: True, poll_s=0.01, grace_s=0.05)
+    with pytest.raises(RuntimeError, match="rank1 failed"):  # still alive peers: a failure before reporting
+        supervise([_FakeRank("rank0", None), _FakeRank("rank1", 1)], reported=lambda r: False, poll_s=0.0)
+
+
 def test_a_failed_data_parallel_run_keeps_what_it_can() -> None:
     """gpu_run's choice after the ranks raise: evaluate what finished training, retry on one GPU
     when a multi-GPU start failed with time left, and give up otherwise."""

@@ -44,6 +44,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def report_path(out: str | Path, rank: int) -> Path:
+    return Path(out) / f"rank{rank}.json"
+
+
 def weight_checksum(model: torch.nn.Module) -> float:
     return float(sum(p.detach().double().sum() for p in model.parameters()))
 
@@ -69,6 +73,7 @@ def _rank_main(rank: int, world: int, port: int, tc: TrainConfig, deadline: floa
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world)
+    finished = False
     try:
         tc = replace(tc, rank=rank, world=world)
         trainer = Trainer(tc)
@@ -78,12 +83,46 @@ def _rank_main(rank: int, world: int, port: int, tc: TrainConfig, deadline: floa
         trainer.train(on_checkpoint=hooks.on_checkpoint if hooks is not None and rank == 0 else None)
         report = {"rank": rank, "step": trainer.step, "train_s": trainer.train_s,
                   "checksum": weight_checksum(trainer.model), "shards": len(trainer.corpus.by_shard)}
-        (Path(tc.out) / f"rank{rank}.json").write_text(json.dumps(report))
         if hooks is not None and rank == 0:
             hooks.on_end(trainer)
+        tmp = report_path(tc.out, rank).with_suffix(".tmp")
+        tmp.write_text(json.dumps(report))
+        os.replace(tmp, report_path(tc.out, rank))  # whole or absent: the parent reads it as the rank's result
         dist.barrier()  # no rank tears down its connections while another still uses them
+        finished = True
     finally:
         dist.destroy_process_group()
+    if finished:
+        # The work is done and reported. Skip the interpreter's teardown: a CI run once saw a rank abort there
+        # ("terminate called without an active exception", exit code -6) after training had ended.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def supervise(procs: list, reported, poll_s: float = 1.0, grace_s: float = 10.0) -> None:
+    """Wait for the rank processes. Raises when one fails before reporting its result (`reported(rank)`); a rank
+    that dies after reporting (in teardown) is only logged, and once every rank has reported, the others get
+    `grace_s` to exit before the caller stops them (a peer that died leaves them in the closing barrier)."""
+    all_reported_at = None
+    while any(p.is_alive() for p in procs):
+        failed = [p for r, p in enumerate(procs) if p.exitcode not in (None, 0) and not reported(r)]
+        if failed:
+            raise RuntimeError(f"training rank {failed[0].name} failed (exit code {failed[0].exitcode}); "
+                               "the other ranks were stopped")
+        if all(reported(r) for r in range(len(procs))):
+            all_reported_at = all_reported_at or time.monotonic()
+            if time.monotonic() - all_reported_at > grace_s:
+                break
+        time.sleep(poll_s)
+    failed = [p for r, p in enumerate(procs) if p.exitcode not in (None, 0) and not reported(r)]
+    if failed:
+        raise RuntimeError(f"training rank {failed[0].name} failed (exit code {failed[0].exitcode})")
+    for p in procs:
+        if p.exitcode not in (None, 0):
+            logger.warning("rank %s ended with exit code %s after reporting its result; the result stands",
+                           p.name, p.exitcode)
 
 
 def train_data_parallel(tc: TrainConfig, world: int, deadline: float | None = None,
@@ -102,21 +141,13 @@ def train_data_parallel(tc: TrainConfig, world: int, deadline: float | None = No
     for p in procs:
         p.start()
     try:
-        while any(p.is_alive() for p in procs):
-            failed = [p for p in procs if p.exitcode not in (None, 0)]
-            if failed:
-                raise RuntimeError(f"training rank {failed[0].name} failed (exit code {failed[0].exitcode}); "
-                                   "the other ranks were stopped")
-            time.sleep(poll_s)
-        failed = [p for p in procs if p.exitcode != 0]
-        if failed:
-            raise RuntimeError(f"training rank {failed[0].name} failed (exit code {failed[0].exitcode})")
+        supervise(procs, lambda r: report_path(tc.out, r).exists(), poll_s)
     finally:
         for p in procs:
             if p.is_alive():
                 p.terminate()
                 p.join(10)
-    reports = [json.loads((Path(tc.out) / f"rank{r}.json").read_text()) for r in range(world)]
+    reports = [json.loads(report_path(tc.out, r).read_text()) for r in range(world)]
     steps = {r["step"] for r in reports}
     sums = [r["checksum"] for r in reports]
     if len(steps) != 1 or max(sums) - min(sums) > 1e-9 * max(1.0, abs(sums[0])):
