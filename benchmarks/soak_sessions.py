@@ -5,7 +5,8 @@
 
 Starts the batched engine and the websocket server in this process (like `python -m stream_server`), runs
 `--warmup` sessions, then `--sessions` more in rounds of `--concurrency`, alternating the vLLM and OpenAI dialects
-and the files. Each session sends one file in one append and waits for its final transcript. Reported: the
+and the files. Each session sends its file at once and waits for the final transcript
+(`stream_server.loadtest.transcribe_pcm`). Reported: the
 process's resident memory after every round, Python's traced allocations (tracemalloc) grown between the end of the
 warm-up and the end, with the largest growth sites, and every session's transcript count and errors. A leak shows
 as RSS and traced memory growing with the session count; bounded buffers level off.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import gc
 import json
 import logging
@@ -24,22 +24,18 @@ import time
 import tracemalloc
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from websockets.asyncio.client import connect  # noqa: E402
-
-from realtime.audio import load_audio_file  # noqa: E402
 from stream_server.background import ServerThread  # noqa: E402
 from stream_server.engine_factory import build_engine  # noqa: E402
+from stream_server.loadtest import ClientConfig, load_pcm16, transcribe_pcm  # noqa: E402
 from stream_server.settings import ServerSettings  # noqa: E402
 
 log = logging.getLogger("soak_sessions")
 MODEL = "soak-model"
-OPENAI_DONE = "conversation.item.input_audio_transcription.completed"
 
 
 def rss_kb() -> int:
@@ -49,28 +45,13 @@ def rss_kb() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-async def one_session(url: str, pcm_b64: str, openai: bool) -> str:
-    """One utterance in one session; returns the final transcript (raises on an error event)."""
-    async with connect(url + ("?intent=transcription" if openai else "")) as ws:
-        await ws.recv()  # session.created
-        if openai:
-            await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
-                "input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}}}))
-        else:
-            await ws.send(json.dumps({"type": "session.update", "model": MODEL}))
-            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-        await ws.recv()  # session.updated
-        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": pcm_b64}))
-        await ws.send(json.dumps({"type": "input_audio_buffer.commit", **({} if openai else {"final": True})}))
-        while True:
-            event = json.loads(await asyncio.wait_for(ws.recv(), 120))
-            if event["type"] == "error":
-                raise RuntimeError(event)
-            if event["type"] == (OPENAI_DONE if openai else "transcription.done"):
-                return event.get("transcript", event.get("text", ""))
+async def one_session(url: str, pcm: bytes, openai: bool) -> str:
+    """One utterance in one session, sent at once (the load tester's single-client reference); its transcript."""
+    cfg = ClientConfig(url=url, dialect="openai" if openai else "vllm", model=MODEL)
+    return (await transcribe_pcm(cfg, pcm)).text
 
 
-async def rounds(url: str, pcms: list[str], first: int, count: int, concurrency: int,
+async def rounds(url: str, pcms: list[bytes], first: int, count: int, concurrency: int,
                  on_round=None) -> tuple[int, list[str]]:
     done, errors = 0, []
     for start in range(first, first + count, concurrency):
@@ -105,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("websockets", "stream_server", "realtime"):
         logging.getLogger(name).setLevel(logging.WARNING)
     torch.set_num_threads(args.threads)
-    pcms = [base64.b64encode((np.clip(load_audio_file(f), -1, 1) * 32767).astype("<i2").tobytes()).decode()
-            for f in args.files]
+    pcms = [load_pcm16(f).astype("<i2").tobytes() for f in args.files]
     engine = build_engine("batched", args.model, model_name=MODEL, device=args.device,
                           max_streams=max(16, args.concurrency), drafter=args.drafter)
     engine.start()

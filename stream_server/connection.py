@@ -180,7 +180,7 @@ class Connection:
             self.send(self.dialect.session_created())
             # The session ends when the client goes away (receiver ends), when we close it after
             # flushing (sender ends), or when sending fails.
-            await asyncio.wait({sender, receiver, keepalive}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
             if receiver.done() and not sender.done() and self._closing:
                 await asyncio.wait({sender}, timeout=5)
         finally:
@@ -297,34 +297,33 @@ class Connection:
 
     async def _keepalive(self) -> None:
         """Ping every `ping_interval_s`; drop the client when `ping_timeout_s` of reading passes without its pong.
-        Returns (which ends the session) only when it dropped the client."""
+        Closing the socket ends the receive loop and with it the session."""
         interval, timeout = self.settings.ping_interval_s, self.settings.ping_timeout_s
         if not interval:
-            await asyncio.Event().wait()  # keepalive off: nothing to do until the session ends (cancelled)
-        while True:
+            return
+        while not self._closing:
             await asyncio.sleep(interval)
             try:
                 async with asyncio.timeout(timeout):  # writing waits while the client leaves our data unread
                     pong = await self.ws.ping()
             except ConnectionClosed:
-                await asyncio.Event().wait()  # closing already: the receiver or sender ends the session
-            except TimeoutError:
-                await self._drop_unresponsive(timeout)
                 return
+            except TimeoutError:
+                return await self._drop_unresponsive(timeout)
             # a close sets ConnectionClosed on a pong still awaited: retrieve it so asyncio does not report it
             pong.add_done_callback(lambda f: f.cancelled() or f.exception())
-            unanswered = 0.0
+            if not timeout:
+                continue
             # a tenth of the timeout per look (2 s at the default): a thousand sessions waiting on pongs behind
             # backlogged audio cost the event loop a few hundred wake-ups a second, not tens of thousands
-            poll = min(max(0.05, (timeout or 0.0) / 10), timeout or 0.0)
-            while timeout and not pong.done():
+            poll, unanswered = max(0.05, timeout / 10), 0.0
+            while not pong.done():
                 t0, reading = time.monotonic(), self._reading
                 await asyncio.wait({pong}, timeout=poll)
                 if reading and self._reading:  # asking for data all along: the client could have answered
                     unanswered += time.monotonic() - t0
                 if unanswered >= timeout:
-                    await self._drop_unresponsive(timeout)
-                    return
+                    return await self._drop_unresponsive(timeout)
 
     async def _drop_unresponsive(self, timeout: float) -> None:
         logger.info("session %s: no pong after %.1f s of reading; closing", self.session_id, timeout)

@@ -19,9 +19,10 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -101,14 +102,18 @@ def _rank_main(rank: int, world: int, port: int, tc: TrainConfig, deadline: floa
         os._exit(0)
 
 
-def supervise(procs: list, reported, poll_s: float = 1.0, grace_s: float = 10.0) -> None:
+def supervise(procs: Sequence[Any], reported: Callable[[int], bool], poll_s: float = 1.0,
+              grace_s: float = 10.0) -> None:
     """Wait for the rank processes. Raises when one fails before reporting its result (`reported(rank)`); a rank
     that dies after reporting (in teardown) is only logged, and once every rank has reported, the others get
     `grace_s` to exit before the caller stops them (a peer that died leaves them in the closing barrier)."""
+
+    def failed_unreported() -> list[Any]:
+        return [p for r, p in enumerate(procs) if p.exitcode not in (None, 0) and not reported(r)]
+
     all_reported_at = None
     while any(p.is_alive() for p in procs):
-        failed = [p for r, p in enumerate(procs) if p.exitcode not in (None, 0) and not reported(r)]
-        if failed:
+        if failed := failed_unreported():
             raise RuntimeError(f"training rank {failed[0].name} failed (exit code {failed[0].exitcode}); "
                                "the other ranks were stopped")
         if all(reported(r) for r in range(len(procs))):
@@ -116,8 +121,7 @@ def supervise(procs: list, reported, poll_s: float = 1.0, grace_s: float = 10.0)
             if time.monotonic() - all_reported_at > grace_s:
                 break
         time.sleep(poll_s)
-    failed = [p for r, p in enumerate(procs) if p.exitcode not in (None, 0) and not reported(r)]
-    if failed:
+    if failed := failed_unreported():
         raise RuntimeError(f"training rank {failed[0].name} failed (exit code {failed[0].exitcode})")
     for p in procs:
         if p.exitcode not in (None, 0):
