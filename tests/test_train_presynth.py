@@ -139,8 +139,9 @@ def test_pack_stops_starting_shards_at_its_time_limit(tmp_path):
                  "--sentences-per-shard", "1", "--workers", "2", "--max-seconds", "0"]) == 0
     index = json.loads((packed / "index.json").read_text())
     # The queue holds two shards a worker (4). A process pool hands at most workers + 1 (3) to its workers before
-    # one finishes; past the limit the others are dropped, so at most 3 finish (all 4 did before the drop).
-    assert index["shards"] <= 3 and len(list(packed.glob("*" + SUFFIX))) == index["shards"]
+    # one finishes; past the limit the others are dropped, so at most 3 finish (all 4 did before the drop); the
+    # first is handed over while the others are still being queued, so at least 1 does (1-3 in 12 runs here).
+    assert 1 <= index["shards"] <= 3 and len(list(packed.glob("*" + SUFFIX))) == index["shards"]
     assert index["hours"] < 0.01  # of a 5-hour plan
 
 
