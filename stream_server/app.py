@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds of undecoded audio per session before reading pauses")
     p.add_argument("--ping-interval", type=_nonneg_float, default=20.0, help="seconds (0 disables keepalive)")
     p.add_argument("--ping-timeout", type=_nonneg_float, default=20.0)
+    p.add_argument("--drain-timeout", type=_nonneg_float, default=10.0,
+                   help="on SIGTERM/SIGINT: seconds live sessions may go on before the server finishes their turns, "
+                        "sends the transcripts and closes them (new sessions are refused at once; a second signal "
+                        "stops at once)")
+    p.add_argument("--shutdown-flush-timeout", type=_nonneg_float, default=15.0,
+                   help="on shutdown: seconds to wait for the engine to finish a session's turns")
     p.add_argument("--demo-dir", type=Path, default=DEMO_DIR)
     p.add_argument("--workers", type=_positive_int, default=1,
                    help="server processes on the one port, each with its own engine on the device (the kernel "
@@ -126,6 +132,7 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
         idle_timeout_s=args.idle_timeout if args.idle_timeout > 0 else float("inf"),
         max_message_bytes=args.max_message_bytes, max_pending_audio_s=args.max_pending_audio,
         ping_interval_s=args.ping_interval or None, ping_timeout_s=args.ping_timeout or None,
+        drain_timeout_s=args.drain_timeout, shutdown_flush_s=args.shutdown_flush_timeout,
         demo_dir=args.demo_dir, reuse_port=args.reuse_port,
     )
 
@@ -138,17 +145,24 @@ async def serve_until_signal(settings: ServerSettings, engine, ready_file: Path 
     await server.start()
     print(f"streamscribe listening on ws://{settings.host}:{server.port}/v1/realtime", file=sys.stderr, flush=True)
     mark_ready(ready_file)
-    stop = asyncio.Event()
+    signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, signals.put_nowait, sig)
         except (NotImplementedError, RuntimeError):  # not on the main thread / platform
             pass
     try:
-        await stop.wait()
+        await signals.get()
+        # graceful: live sessions get their transcripts (`StreamServer.shut_down`); a second signal cuts it short
+        drain = asyncio.create_task(server.shut_down(), name="shut-down")
+        second = asyncio.create_task(signals.get())
+        await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
+        if not drain.done():
+            logger.warning("second signal: stopping without waiting for live sessions")
+            drain.cancel()
+        second.cancel()
     finally:
-        logger.info("shutting down")
         await server.stop()
 
 
@@ -175,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         from .workers import run_workers
 
         return run_workers(list(sys.argv[1:] if argv is None else argv), workers=args.workers, host=args.host,
-                           port=args.port, kv_memory_fraction=args.kv_memory_fraction)
+                           port=args.port, kv_memory_fraction=args.kv_memory_fraction,
+                           stop_timeout_s=args.drain_timeout + args.shutdown_flush_timeout + 30)
     import torch
 
     device = args.device

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 
 from realtime.serving import TranscriptionEngine
@@ -79,6 +80,12 @@ class ServerThread:
     @staticmethod
     async def _call(fn, *args):
         return fn(*args)
+
+    def shut_down(self) -> concurrent.futures.Future[None]:
+        """Start the server's graceful shutdown (`StreamServer.shut_down`) and return at once; the future is done
+        when it is. `stop()` then ends the thread."""
+        assert self.loop is not None and self.server is not None
+        return asyncio.run_coroutine_threadsafe(self.server.shut_down(), self.loop)
 
     def stop(self) -> None:
         if self.loop is not None and self._stop is not None and self._thread is not None:

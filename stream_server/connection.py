@@ -21,6 +21,9 @@
   else speaks vLLM. Until then `session.created` carries the fields of both.
 * Every message problem becomes an error event and the session goes on; when the session ends for
   any reason, every engine stream it opened is closed.
+* Server shutdown (`shut_down`): the session reads no more messages (a message being handled is finished; audio
+  the client has not sent yet is not awaited), its running turns end as a final commit would end them, their
+  transcripts go out, then an `server_shutting_down` error event and a 1001 (going away) close.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from .settings import ServerSettings
 logger = logging.getLogger(__name__)
 
 CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
 CLOSE_TRY_AGAIN_LATER = 1013
 
@@ -91,6 +95,11 @@ class Dialect(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    async def end_input(self) -> None:
+        """The server is shutting down: end every running turn as the client's final commit would (all audio
+        received is transcribed), including audio still waiting for a commit."""
+        ...
 
 
 class Outbox:
@@ -141,6 +150,8 @@ class Connection:
         self.created = int(time.time())
         self.outbox = Outbox()
         self._closing = False
+        self._shutting_down = False
+        self._receiver: asyncio.Task[None] | None = None
         self._last_activity = time.monotonic()
         self._reading = False  # the receive loop waits on the socket (a pong could arrive now)
         self.dialect: Dialect
@@ -175,13 +186,16 @@ class Connection:
         sender = asyncio.create_task(self._send_loop(), name=f"send-{self.session_id}")
         watchdog = asyncio.create_task(self._watchdog(), name=f"watchdog-{self.session_id}")
         keepalive = asyncio.create_task(self._keepalive(), name=f"keepalive-{self.session_id}")
-        receiver = asyncio.create_task(self._receive_loop(), name=f"recv-{self.session_id}")
+        receiver = self._receiver = asyncio.create_task(self._receive_loop(), name=f"recv-{self.session_id}")
         try:
             self.send(self.dialect.session_created())
             # The session ends when the client goes away (receiver ends), when we close it after
             # flushing (sender ends), or when sending fails.
             await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
-            if receiver.done() and not sender.done() and self._closing:
+            if receiver.done() and not sender.done() and self._shutting_down:
+                # shut_down stopped the reading: its transcripts and the close are still to be sent
+                await asyncio.wait({sender}, timeout=self.settings.shutdown_flush_s + self.settings.close_timeout_s + 1)
+            elif receiver.done() and not sender.done() and self._closing:
                 await asyncio.wait({sender}, timeout=5)
         finally:
             for t in (receiver, watchdog, keepalive, sender):
@@ -228,15 +242,15 @@ class Connection:
         if cause is None:
             return
         self.metrics.read_pauses.inc(cause)
-        while not self._closing and self._pause_cause() is not None:
+        while not self._closing and not self._shutting_down and self._pause_cause() is not None:
             await asyncio.sleep(0.005)
         self.touch()  # waiting on us is not the client being idle
 
     async def _receive_loop(self) -> None:
         idle = self.settings.idle_timeout_s
-        while not self._closing:
+        while not self._closing and not self._shutting_down:
             await self._wait_while_backpressured()
-            if self._closing:
+            if self._closing or self._shutting_down:  # nothing awaits between here and recv(): see shut_down
                 return
             remaining = idle - (time.monotonic() - self._last_activity) if math.isfinite(idle) else None
             try:
@@ -294,6 +308,41 @@ class Connection:
         except Exception as exc:  # a bug or engine failure in one event must not end the session
             logger.exception("session %s: event %r failed", self.session_id, event.get("type"))
             self.send_error(ProtocolError("processing_error", f"{type(exc).__name__}: {exc}"), client_event_id)
+
+    async def shut_down(self, flush_s: float) -> None:
+        """The server is going away: read no more, end the running turns as a final commit would, send their
+        transcripts (waiting at most `flush_s` for the engine), then `server_shutting_down` and a 1001 close."""
+        if self._closing or self._shutting_down:
+            return
+        self._shutting_down = True
+        receiver = self._receiver
+        if receiver is not None and not receiver.done():
+            if self._reading:
+                receiver.cancel()  # waiting in recv(): cancelling it loses no message (websockets guarantees)
+            # otherwise it is handling a message (finished first) or paused by backpressure (it stops now)
+            await asyncio.wait({receiver}, timeout=flush_s)
+        if self._closing:  # the message being handled ended the session
+            return
+        try:
+            await self.dialect.end_input()
+        except ProtocolError as err:
+            self.send_error(err)
+        except Exception as exc:  # a bug here must not keep the server from stopping
+            logger.exception("session %s: ending its turns failed", self.session_id)
+            self.send_error(ProtocolError("processing_error", f"{type(exc).__name__}: {exc}"))
+        deadline = time.monotonic() + flush_s
+        while any(True for _ in self.dialect.streams()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        unfinished = sum(1 for _ in self.dialect.streams())
+        if unfinished:
+            logger.warning("session %s: %d turn(s) not finished within %.0f s of shutdown", self.session_id,
+                           unfinished, flush_s)
+            message = (f"The server is shutting down; {unfinished} transcription(s) could not be finished within "
+                       f"{flush_s:g} s. Reconnect to continue")
+        else:
+            message = "The server is shutting down; every transcription of this session is complete. Reconnect to continue"
+        self.send_error(ProtocolError("server_shutting_down", message))
+        self.close_after_flush(CLOSE_GOING_AWAY, "server shutting down")
 
     async def _keepalive(self) -> None:
         """Ping every `ping_interval_s`; drop the client when `ping_timeout_s` of reading passes without its pong.

@@ -112,6 +112,9 @@ class Metrics:
         self.tokens = Counter("streamscribe_tokens_emitted_total", "Engine tokens delivered to sessions.")
         self.keepalive_timeouts = Counter("streamscribe_keepalive_timeouts_total",
                                           "Sessions closed because the client answered no keepalive ping.")
+        self.shutdown_flushed_sessions = Counter(
+            "streamscribe_shutdown_flushed_sessions_total",
+            "Sessions still open when a graceful shutdown's drain time ran out: their turns were finished by the server.")
         self.read_pauses = Counter("streamscribe_read_pauses_total",
                                    "Times a session stopped reading its socket (backpressure), by cause.", ("cause",))
         self.audio_seconds = Counter("streamscribe_audio_received_seconds_total",
@@ -148,9 +151,8 @@ class Metrics:
 
     def render(self) -> str:
         lines: list[str] = []
-        for m in (self.sessions_active, self.sessions_total, self.sessions_by_dialect, self.rejected, self.errors,
-                  self.read_pauses, self.tokens, self.audio_seconds, self.engine_streams, self.engine_steps,
-                  self.step_seconds, self.emission_delay, self.session_seconds, self.spec_drafted,
-                  self.spec_accepted, self.spec_acceptance):
-            lines.extend(m.render())
+        # every metric attribute, in the order __init__ made them (a hand-kept list once left one out)
+        for m in vars(self).values():
+            if isinstance(m, (Counter, Gauge, Histogram)):
+                lines.extend(m.render())
         return "\n".join(lines) + "\n"

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SERVER_ERROR_CODES = frozenset({"processing_error", "server_busy", "engine_stalled", "server_full"})
+SERVER_ERROR_CODES = frozenset({"processing_error", "server_busy", "engine_stalled", "server_full",
+                                "server_shutting_down"})
 P_INPUT = "session.audio.input"
 MAX_STREAMS = 2
 
@@ -154,6 +155,15 @@ class OpenAIDialect:
             it.stream.close()
         self.items.clear()
         self.current = None
+
+    async def end_input(self) -> None:
+        if self.current is None and self._detector is not None:
+            return  # server VAD and no turn being spoken: the audio since the last turn was not speech
+        try:
+            await self._commit()  # as the client's input_audio_buffer.commit: committed, item added, completed
+        except ProtocolError as err:
+            if err.code != "input_audio_buffer_commit_empty":
+                raise
 
     async def handle(self, event: dict[str, Any]) -> None:
         kind = event.get("type")

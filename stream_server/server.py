@@ -3,6 +3,11 @@
 Handshake order for `/v1/realtime`: Origin check (403), API key (401), then the upgrade. A full
 server still completes the upgrade and then sends a `server_full` error event and closes with 1013
 (try again later), so every client sees why instead of hanging or guessing from an HTTP status.
+
+Shutdown: `stop()` closes every session at once (1001); `shut_down()` is the graceful one that SIGTERM and SIGINT
+run (`ServerSettings.drain_timeout_s`): new sessions get `server_shutting_down` (1001), /health answers 503
+"draining", live sessions go on until they end or the drain time is up, then each one's running turns are
+finished and their transcripts sent before it is closed (`Connection.shut_down`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from websockets.http11 import Request, Response
 from realtime.serving import TranscriptionEngine
 
 from . import auth
-from .connection import CLOSE_TRY_AGAIN_LATER, Connection, ServerContext, wants_openai
+from .connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN_LATER, Connection, ServerContext, wants_openai
 from .events import ProtocolError, dumps
 from .http import HttpRoutes, error_response
 from .metrics import Metrics
@@ -47,6 +52,7 @@ class StreamServer:
         self._server: Server | None = None
         self._stats_task: asyncio.Task[None] | None = None
         self._stopped = False
+        self.draining = False
         self.routes = HttpRoutes(demo_dir=settings.demo_dir, served_model_names=settings.served_model_names,
                                  created=int(self.ctx.started_at), health=self._health,
                                  metrics_text=self._metrics_text)
@@ -91,6 +97,29 @@ class StreamServer:
         if self.owns_engine:
             await asyncio.to_thread(self.engine.stop)
         self.ctx.vad_executor.shutdown(wait=False, cancel_futures=True)
+
+    async def shut_down(self) -> None:
+        """Graceful stop: refuse new sessions, give live ones `drain_timeout_s` to end on their own, then finish
+        their running turns, send the transcripts and close them (each within `shutdown_flush_s`), then `stop()`."""
+        if self._stopped:
+            return
+        s = self.settings
+        self.draining = True
+        logger.info("shutting down: %d live session(s), up to %g s to end on their own", len(self.active),
+                    s.drain_timeout_s)
+        if not await self._sessions_end_within(s.drain_timeout_s):
+            remaining = list(self.active)
+            logger.info("drain time is up: finishing the turns of %d session(s)", len(remaining))
+            self.metrics.shutdown_flushed_sessions.inc(amount=len(remaining))
+            await asyncio.gather(*(c.shut_down(s.shutdown_flush_s) for c in remaining))
+            await self._sessions_end_within(s.close_timeout_s + 1)
+        await self.stop()
+
+    async def _sessions_end_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while self.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return not self.active
 
     async def serve_forever(self) -> None:
         assert self._server is not None
@@ -142,8 +171,15 @@ class StreamServer:
     # -- sessions -------------------------------------------------------------------------------
     async def _handle(self, ws: ServerConnection) -> None:
         query = parse_qs(urlsplit(ws.request.path).query) if ws.request is not None else {}
+        if self.draining:
+            await self._refuse(ws, query, ProtocolError(
+                "server_shutting_down", "The server is shutting down and takes no new sessions; connect to another "
+                "instance or try again later"), CLOSE_GOING_AWAY, "server shutting down")
+            return
         if len(self.active) >= self.settings.max_sessions:
-            await self._refuse_full(ws, query)
+            await self._refuse(ws, query, ProtocolError(
+                "server_full", f"The server is full ({self.settings.max_sessions} sessions); try again later"),
+                CLOSE_TRY_AGAIN_LATER, "server full")
             return
         conn = Connection(ws, self.ctx, query)
         self.active.add(conn)
@@ -159,11 +195,10 @@ class StreamServer:
             self.metrics.sessions_active.set(len(self.active))
             self.metrics.session_seconds.observe(time.monotonic() - t0)
 
-    async def _refuse_full(self, ws: ServerConnection, query: dict[str, list[str]]) -> None:
-        self.metrics.rejected.inc("server_full")
-        self.metrics.errors.inc("server_full")
-        err = ProtocolError("server_full", f"The server is full ({self.settings.max_sessions} sessions); "
-                            "try again later")
+    async def _refuse(self, ws: ServerConnection, query: dict[str, list[str]], err: ProtocolError, close_code: int,
+                      reason: str) -> None:
+        self.metrics.rejected.inc(err.code)
+        self.metrics.errors.inc(err.code)
         if wants_openai(query):
             event: dict[str, Any] = {"type": "error", "event_id": OpenAIDialect.new_event_id(), "error": {
                 "type": "server_error", "code": err.code, "message": err.message, "param": None, "event_id": None}}
@@ -171,9 +206,9 @@ class StreamServer:
             event = {"type": "error", "error": err.message, "code": err.code}
         try:
             await ws.send(dumps(event))
-            await ws.close(CLOSE_TRY_AGAIN_LATER, "server full")
+            await ws.close(close_code, reason)
         except ConnectionClosed:  # the client may already be gone
-            logger.debug("refused client left before the server_full event")
+            logger.debug("refused client left before the %s event", err.code)
 
     # -- stats ----------------------------------------------------------------------------------
     async def _poll_stats(self) -> None:
@@ -197,7 +232,7 @@ class StreamServer:
             self.metrics.record_engine_stats(stats)
             engine: dict[str, Any] = {"active_streams": stats.active_streams, "max_streams": stats.max_streams,
                                       "steps": stats.steps}
-            status = "ok" if not self._stopped else "stopping"
+            status = "stopping" if self._stopped else "draining" if self.draining else "ok"
         except Exception as exc:  # an engine that cannot even report is not healthy
             engine, status = {"error": f"{type(exc).__name__}: {exc}"}, "error"
         return {"status": status, "models": list(self.settings.served_model_names),

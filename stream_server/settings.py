@@ -36,6 +36,12 @@ class ServerSettings:
     # (error event `engine_stalled`) and the session is closed, rather than hanging silently.
     engine_stall_timeout_s: float = 60.0
     stats_interval_s: float = 1.0
+    # Graceful shutdown (SIGTERM / SIGINT; `StreamServer.shut_down`): new sessions are refused and /health reports
+    # "draining" at once; live sessions go on as usual for up to `drain_timeout_s`; then every turn still running is
+    # ended as the client's final commit would end it, its transcript is sent (waiting at most `shutdown_flush_s`)
+    # and the session is closed with 1001 (going away). A second signal stops at once.
+    drain_timeout_s: float = 10.0
+    shutdown_flush_s: float = 15.0
     demo_dir: Path = field(default_factory=lambda: DEMO_DIR)
     # several server processes on one port (`--workers`): the kernel spreads new connections over them
     reuse_port: bool = False

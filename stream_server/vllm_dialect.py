@@ -91,6 +91,15 @@ class VllmDialect:
             self.utterance = None
         self._buffer.clear()
 
+    async def end_input(self) -> None:
+        # audio appended since the last utterance and waiting for a commit is transcribed too (nothing the client
+        # sent is dropped); a session that never validated a model has no utterance to start
+        if self.utterance is None and self._buffer and self.validated:
+            self._start_utterance()
+        u = self.utterance
+        if u is not None and not u.finished:
+            u.finish()
+
     async def handle(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind == "session.update":

@@ -13,8 +13,10 @@ loop and engine (on the same device).
   connection, not by load, so a worker sized for a share of the total could refuse a session while another
   has room.
 - `/health` and `/metrics` answer for the worker the request reached (`/health` names its `pid`).
-- A signal to the supervisor stops every worker; a worker that exits on its own stops the others, and the
-  supervisor exits with an error.
+- A signal to the supervisor stops every worker gracefully (one SIGTERM each: live sessions get their
+  transcripts, `--drain-timeout`); a second signal stops them at once. Workers run in their own process
+  session, so a terminal's Ctrl-C reaches only the supervisor and each worker sees one signal, not two. A worker
+  that exits on its own stops the others, and the supervisor exits with an error.
 """
 
 from __future__ import annotations
@@ -48,16 +50,23 @@ def worker_argv(argv: list[str], *, port: int, ready_file: Path, kv_fraction: fl
 
 
 def run_workers(argv: list[str], *, workers: int, host: str, port: int, kv_memory_fraction: float,
-                start_timeout_s: float = 600.0) -> int:
+                start_timeout_s: float = 600.0, stop_timeout_s: float = 60.0) -> int:
     """Start `workers` server processes for the command line `argv` and supervise them until a signal
-    (exit 0) or a worker's own exit (exit 1)."""
+    (exit 0) or a worker's own exit (exit 1). Stopping waits up to `stop_timeout_s` for the workers' graceful
+    shutdown before killing them."""
     port = port or free_port(host)
     procs: list[subprocess.Popen] = []
     stopping = False
+    signals = 0
 
     def stop(signum: int, _frame: object) -> None:
-        nonlocal stopping
+        nonlocal stopping, signals
         stopping = True
+        signals += 1
+        if signals > 1:  # a second signal: the workers stop at once (their own second-signal rule)
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
@@ -67,7 +76,8 @@ def run_workers(argv: list[str], *, workers: int, host: str, port: int, kv_memor
             for k in range(workers):
                 ready = Path(tmp) / f"worker{k}.ready"
                 procs.append(subprocess.Popen(worker_argv(argv, port=port, ready_file=ready,
-                                                          kv_fraction=kv_memory_fraction / (workers - k))))
+                                                          kv_fraction=kv_memory_fraction / (workers - k)),
+                                              start_new_session=True))
                 deadline = time.monotonic() + start_timeout_s
                 while not ready.exists():
                     if stopping:
@@ -93,11 +103,12 @@ def run_workers(argv: list[str], *, workers: int, host: str, port: int, kv_memor
             for p in procs:
                 if p.poll() is None:
                     p.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + stop_timeout_s
             for p in procs:
                 try:
-                    p.wait(timeout=30)
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    logger.error("worker pid %d did not stop within 30 s: killed", p.pid)
+                    logger.error("worker pid %d did not stop within %.0f s: killed", p.pid, stop_timeout_s)
                     p.kill()
                     p.wait()
     return rc

@@ -162,3 +162,37 @@ async def fresh_vllm_utterance(url: str, audio: np.ndarray) -> str:
         return await utterance_vllm(ws, audio)
     finally:
         await ws.close()
+
+
+class StalledEngine:
+    """Takes audio and never decodes it."""
+
+    def __init__(self, inner) -> None:
+        self.config, self.model_name = inner.config, inner.model_name
+        self.pending: dict[int, float] = {}
+        self._next = 0
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def open_stream(self, on_event, *, delay_ms=None) -> int:
+        self._next += 1
+        self.pending[self._next] = 0.0
+        return self._next
+
+    def push_audio(self, sid, samples) -> None:
+        self.pending[sid] += len(samples) / 16000
+
+    def finish_stream(self, sid) -> None: ...
+
+    def close_stream(self, sid) -> None:
+        self.pending.pop(sid, None)
+
+    def pending_audio_seconds(self, sid) -> float:
+        return self.pending.get(sid, 0.0)
+
+    def stats(self):
+        from realtime.serving import EngineStats
+
+        return EngineStats(active_streams=len(self.pending))

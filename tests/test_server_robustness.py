@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from test_server_common import (  # noqa: F401  (fixtures)
     MODEL,
+    StalledEngine,
     b64,
     ckpt,
     clip,
@@ -456,40 +457,6 @@ async def test_end_token_mid_stream_is_explicit(start_server, engine):
             "conversation.item.input_audio_transcription.completed")
 
 
-class StalledEngine:
-    """Takes audio and never decodes it."""
-
-    def __init__(self, inner) -> None:
-        self.config, self.model_name = inner.config, inner.model_name
-        self.pending: dict[int, float] = {}
-        self._next = 0
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def open_stream(self, on_event, *, delay_ms=None) -> int:
-        self._next += 1
-        self.pending[self._next] = 0.0
-        return self._next
-
-    def push_audio(self, sid, samples) -> None:
-        self.pending[sid] += len(samples) / 16000
-
-    def finish_stream(self, sid) -> None: ...
-
-    def close_stream(self, sid) -> None:
-        self.pending.pop(sid, None)
-
-    def pending_audio_seconds(self, sid) -> float:
-        return self.pending.get(sid, 0.0)
-
-    def stats(self):
-        from realtime.serving import EngineStats
-
-        return EngineStats(active_streams=len(self.pending))
-
-
 async def test_engine_stall_is_reported_not_silent(start_server, engine):
     stalled = StalledEngine(engine)
     srv = start_server(engine_override=stalled, engine_stall_timeout_s=0.5)
@@ -673,8 +640,32 @@ def launch_cli(args: list[str], ready: str, timeout: float = 180) -> tuple[subpr
     return proc, None
 
 
+async def open_turn_across_sigterm(url: str, audio: np.ndarray, proc: subprocess.Popen) -> tuple[str, str, int]:
+    """A vLLM utterance still open (no final commit) when `proc` gets SIGTERM: (its done text, the error code that
+    follows, the close code)."""
+    ws = await open_vllm(url, model="streamscribe-default")
+    await send_json(ws, {"type": "input_audio_buffer.commit"})
+    data = pcm16(audio)
+    for i in range(0, len(data), 3200):
+        await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(data[i: i + 3200])})
+    await send_json(ws, {"type": "streamscribe.barrier"})  # answered in order: every append was taken in
+    assert (await recv_until(ws, {"error"}))[-1]["code"] == "unknown_event"
+    proc.send_signal(signal.SIGTERM)
+    events = await recv_until(ws, {"transcription.done", "error"})
+    assert events[-1]["type"] == "transcription.done", events[-1]
+    err = await recv_json(ws)
+    with pytest.raises(ConnectionClosed) as info:
+        await asyncio.wait_for(ws.recv(), 30)
+    return events[-1]["text"], err.get("code", ""), info.value.rcvd.code
+
+
+LIVE = clip(1.6, seed=43)
+
+
 def test_cli_serves_default_model_and_stops_on_sigterm(reference):
-    proc, line = launch_cli([], "listening on", timeout=120)
+    """The real process: a session, then SIGTERM while a second session's turn is open: that turn's transcript
+    still arrives (graceful shutdown), the session closes with 1001 and the process exits 0."""
+    proc, line = launch_cli(["--drain-timeout", "0.5"], "listening on", timeout=120)
     try:
         url = line.strip().split()[-1] if line else None
         assert url and url.startswith("ws://127.0.0.1:"), "server did not start"
@@ -687,7 +678,8 @@ def test_cli_serves_default_model_and_stops_on_sigterm(reference):
 
         model, tok = load_model_and_tokenizer("default")
         assert asyncio.run(go()) == transcribe(model, tok, SHORT).text
-        proc.send_signal(signal.SIGTERM)
+        text, code, close = asyncio.run(open_turn_across_sigterm(url, LIVE, proc))
+        assert (text, code, close) == (transcribe(model, tok, LIVE).text, "server_shutting_down", 1001)
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
@@ -695,9 +687,35 @@ def test_cli_serves_default_model_and_stops_on_sigterm(reference):
             proc.wait()
 
 
-def start_workers(n: int) -> tuple[subprocess.Popen, str, list[int]]:
+def test_cli_second_signal_stops_without_draining():
+    """A live session would hold the drain for 120 s; a second SIGTERM stops the server at once."""
+    proc, line = launch_cli(["--drain-timeout", "120"], "listening on", timeout=120)
+    try:
+        assert line, "server did not start"
+        url = line.strip().split()[-1]
+
+        async def go() -> float:
+            ws = await open_vllm(url, model="streamscribe-default")
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(1.0)
+            assert proc.poll() is None  # draining: the live session may go on
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), 30)
+            return time.monotonic() - t0
+
+        assert asyncio.run(go()) < 20
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def start_workers(n: int, *extra: str) -> tuple[subprocess.Popen, str, list[int]]:
     """`python -m stream_server --workers n` on the CPU; returns (supervisor, url, worker pids)."""
-    proc, line = launch_cli(["--workers", str(n), "--max-sessions", "4"], f"({n} workers, pids")
+    proc, line = launch_cli(["--workers", str(n), "--max-sessions", "4", *extra], f"({n} workers, pids")
     assert line is not None, "the workers did not start"
     return proc, line.split()[3], [int(p) for p in line.split("pids")[1].strip(" )\n").split()]
 
@@ -712,8 +730,9 @@ def alive(pid: int) -> bool:
 
 def test_workers_share_one_port_and_stop_together(reference):
     """`--workers 2`: two server processes on one port, each answering some of the connections, each
-    transcribing exactly as one session does; a signal to the supervisor stops both."""
-    proc, url, pids = start_workers(2)
+    transcribing exactly as one session does; a signal to the supervisor stops both gracefully (an open turn
+    still gets its transcript)."""
+    proc, url, pids = start_workers(2, "--drain-timeout", "0.5")
     try:
         port = int(url.split(":")[2].split("/")[0])
         answered = {json.loads(http_get(f"http://127.0.0.1:{port}/health")[2])["pid"] for _ in range(24)}
@@ -723,7 +742,9 @@ def test_workers_share_one_port_and_stop_together(reference):
             return list(await asyncio.gather(*(fresh_vllm_utterance_named(url, SHORT) for _ in range(4))))
 
         assert asyncio.run(four_at_once()) == [reference(SHORT)] * 4
-        proc.send_signal(signal.SIGTERM)
+        model, tok = load_model_and_tokenizer("default")
+        text, code, close = asyncio.run(open_turn_across_sigterm(url, LIVE, proc))
+        assert (text, code, close) == (transcribe(model, tok, LIVE).text, "server_shutting_down", 1001)
         assert proc.wait(60) == 0
         assert not any(alive(p) for p in pids)
     finally:

@@ -169,6 +169,14 @@ def test_prometheus_rendering():
     assert text.endswith("\n") and "streamscribe_sessions_active 0" in text
 
 
+def test_metrics_page_lists_every_metric():
+    m = Metrics()
+    names = [v.name for v in vars(m).values() if isinstance(v, (Counter, Histogram))]
+    assert {"streamscribe_keepalive_timeouts_total", "streamscribe_shutdown_flushed_sessions_total"} <= set(names)
+    text = m.render()
+    assert all(f"# TYPE {n} " in text for n in names), [n for n in names if f"# TYPE {n} " not in text]
+
+
 # -- VAD -----------------------------------------------------------------------------------------------
 def test_turn_detector_finds_speech_and_keeps_every_sample():
     sil = np.zeros(16000, np.float32)
