@@ -487,3 +487,27 @@ async def test_server_full_and_disconnect_are_reported(engine: TranscriptionEngi
             srv.stop()
     assert "closed" in shown.lower() and "1001" in shown, shown
     assert "error" in status.lower()
+
+
+async def test_graceful_shutdown_mid_stream_shows_the_final_transcript(engine: TranscriptionEngine) -> None:
+    """The server is stopped (SIGTERM's path, `shut_down`) while the page streams the sample: the page gets the
+    transcript of what it sent, ends in `done` (not `error`), and says why the stream ended."""
+    settings = ServerSettings(host="127.0.0.1", port=0, drain_timeout_s=0.3)
+    srv = ServerThread(settings, engine).start()
+    browser = await launch()
+    try:
+        page = await browser.new_page(f"{srv.http_url}/")
+        await page.wait_for("document.getElementById('model').value", 20, "the model list")
+        await page.eval("document.getElementById('play-aloud').checked = false")
+        await page.eval("document.getElementById('sample-btn').click()", gesture=True)
+        await page.wait_for("streamscribe.state === 'streaming' && streamscribe.deltas > 0", 30, "streaming")
+        await asyncio.wrap_future(srv.shut_down())
+        await page.wait_for("streamscribe.done || streamscribe.state === 'error'", 30, "the final transcript")
+        await page.wait_for("streamscribe.errors.length > 0", 10, "the shutdown notice")
+        res = json.loads(await page_result(page))
+    finally:
+        await close(browser)
+        srv.stop()
+    assert res["state"] == "done", res
+    assert res["finalText"] and res["transcript"] == res["finalText"]
+    assert any("shutting down" in str(e) for e in res["errors"]), res["errors"]
