@@ -251,6 +251,14 @@ async def open_demo(browser: Browser, server: Server, key: str | None = API_KEY)
     return page
 
 
+async def open_keyless_demo(browser: Browser, srv: ServerThread) -> Page:
+    """The page of a server without API keys, with the sample's playback off."""
+    page = await browser.new_page(f"{srv.http_url}/")
+    await page.wait_for("document.getElementById('model').value", 20, "the model list")
+    await page.eval("document.getElementById('play-aloud').checked = false")
+    return page
+
+
 def wav_pcm16(path: Path) -> np.ndarray:
     data, rate = sf.read(path, dtype="int16")
     assert rate == 16000 and data.ndim == 1, "the test WAV is 16 kHz mono"
@@ -463,9 +471,7 @@ async def test_server_full_and_disconnect_are_reported(engine: TranscriptionEngi
     srv = ServerThread(settings, engine).start()
     browser = await launch()
     try:
-        page = await browser.new_page(f"{srv.http_url}/")
-        await page.wait_for("document.getElementById('model').value", 20, "the model list")
-        await page.eval("document.getElementById('play-aloud').checked = false")
+        page = await open_keyless_demo(browser, srv)
         # Another client holds the only session: the server's `server_full` error event must show.
         async with websockets.connect(srv.ws_url) as other:
             await other.recv()
@@ -496,9 +502,7 @@ async def test_graceful_shutdown_mid_stream_shows_the_final_transcript(engine: T
     srv = ServerThread(settings, engine).start()
     browser = await launch()
     try:
-        page = await browser.new_page(f"{srv.http_url}/")
-        await page.wait_for("document.getElementById('model').value", 20, "the model list")
-        await page.eval("document.getElementById('play-aloud').checked = false")
+        page = await open_keyless_demo(browser, srv)
         await page.eval("document.getElementById('sample-btn').click()", gesture=True)
         await page.wait_for("streamscribe.state === 'streaming' && streamscribe.deltas > 0", 30, "streaming")
         await asyncio.wrap_future(srv.shut_down())
