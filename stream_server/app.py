@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "stops at once)")
     p.add_argument("--shutdown-flush-timeout", type=_nonneg_float, default=15.0,
                    help="on shutdown: seconds to wait for the engine to finish a session's turns")
+    p.add_argument("--ssl-certfile", type=Path, default=None,
+                   help="serve TLS on the port (wss://, https://; a browser needs it for the microphone on any host "
+                        "but localhost): PEM certificate chain")
+    p.add_argument("--ssl-keyfile", type=Path, default=None,
+                   help="its private key (PEM), unless the certificate file holds it")
     p.add_argument("--demo-dir", type=Path, default=DEMO_DIR)
     p.add_argument("--workers", type=_positive_int, default=1,
                    help="server processes on the one port, each with its own engine on the device (the kernel "
@@ -124,7 +129,7 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
         raise SystemExit(f"refusing to serve {args.host} without an API key: pass --api-key (or set {API_KEYS_ENV}), "
                          "or --allow-no-auth to serve it open")
     names = tuple(args.served_model_name or [DEFAULT_MODEL_NAME if args.model == "default" else args.model])
-    return ServerSettings(
+    settings = ServerSettings(
         host=args.host, port=args.port, served_model_names=names, api_keys=tuple(keys),
         allow_no_auth=args.allow_no_auth,
         allowed_origins=tuple(args.allowed_origins) if args.allowed_origins else None,
@@ -134,7 +139,16 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
         ping_interval_s=args.ping_interval or None, ping_timeout_s=args.ping_timeout or None,
         drain_timeout_s=args.drain_timeout, shutdown_flush_s=args.shutdown_flush_timeout,
         demo_dir=args.demo_dir, reuse_port=args.reuse_port,
+        tls_certfile=args.ssl_certfile, tls_keyfile=args.ssl_keyfile,
     )
+    try:
+        settings.ssl_context()  # a bad certificate stops here with its reason, before a model is loaded
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if keys and not settings.tls_enabled and not is_loopback_host(args.host):
+        logger.warning("serving %s without TLS: API keys and audio cross the network in clear text (pass "
+                       "--ssl-certfile, or terminate TLS in a proxy in front of this port)", args.host)
+    return settings
 
 
 async def serve_until_signal(settings: ServerSettings, engine, ready_file: Path | None = None) -> None:
@@ -143,7 +157,8 @@ async def serve_until_signal(settings: ServerSettings, engine, ready_file: Path 
 
     server = StreamServer(settings, engine)
     await server.start()
-    print(f"streamscribe listening on ws://{settings.host}:{server.port}/v1/realtime", file=sys.stderr, flush=True)
+    url = f"{settings.ws_scheme}://{settings.host}:{server.port}/v1/realtime"
+    print(f"streamscribe listening on {url}", file=sys.stderr, flush=True)
     mark_ready(ready_file)
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
@@ -189,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         from .workers import run_workers
 
         return run_workers(list(sys.argv[1:] if argv is None else argv), workers=args.workers, host=args.host,
-                           port=args.port, kv_memory_fraction=args.kv_memory_fraction,
+                           port=args.port, kv_memory_fraction=args.kv_memory_fraction, scheme=settings.ws_scheme,
                            stop_timeout_s=args.drain_timeout + args.shutdown_flush_timeout + 30)
     import torch
 

@@ -35,11 +35,11 @@ class ServerThread:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.settings.host}:{self.port}"
+        return f"{self.settings.http_scheme}://{self.settings.host}:{self.port}"
 
     @property
     def ws_url(self) -> str:
-        return f"ws://{self.settings.host}:{self.port}{REALTIME_PATH}"
+        return f"{self.settings.ws_scheme}://{self.settings.host}:{self.port}{REALTIME_PATH}"
 
     def start(self) -> ServerThread:
         self._thread = threading.Thread(target=self._run, name="stream-server", daemon=True)

@@ -340,7 +340,8 @@ class Connection:
             message = (f"The server is shutting down; {unfinished} transcription(s) could not be finished within "
                        f"{flush_s:g} s. Reconnect to continue")
         else:
-            message = "The server is shutting down; every transcription of this session is complete. Reconnect to continue"
+            message = ("The server is shutting down; every transcription of this session is complete. "
+                       "Reconnect to continue")
         self.send_error(ProtocolError("server_shutting_down", message))
         self.close_after_flush(CLOSE_GOING_AWAY, "server shutting down")
 

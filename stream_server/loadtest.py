@@ -43,6 +43,7 @@ import json
 import logging
 import math
 import multiprocessing
+import ssl
 import sys
 import time
 import urllib.error
@@ -104,6 +105,12 @@ class ClientConfig:
     rate: float = 1.0
     final_timeout_s: float = 60.0
     connect_timeout_s: float = 15.0
+    ca_file: str | None = None  # wss:// / https://: trust this PEM (a self-signed server) instead of the system's CAs
+
+
+def client_tls(ca_file: str | None) -> dict[str, Any]:
+    """Connection keywords for a server whose certificate `ca_file` vouches for (none: the system's CAs)."""
+    return {} if ca_file is None else {"ssl": ssl.create_default_context(cafile=ca_file)}
 
 
 def client_keepalive(rate: float | None) -> dict[str, Any]:
@@ -137,13 +144,13 @@ def http_base(url: str) -> str:
     return f"{scheme}://{parts.netloc}"
 
 
-def fetch_model(url: str, api_key: str | None, timeout: float = 10.0) -> str:
+def fetch_model(url: str, api_key: str | None, timeout: float = 10.0, ca_file: str | None = None) -> str:
     """The first model `/v1/models` lists ("" if the server has no such endpoint)."""
     req = urllib.request.Request(f"{http_base(url)}/v1/models")
     if api_key:
         req.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=client_tls(ca_file).get("ssl")) as resp:
             data = json.load(resp).get("data") or []
     except (urllib.error.URLError, OSError, ValueError) as exc:
         logger.warning("could not list models (%s); sending an empty model name", exc)
@@ -308,7 +315,8 @@ async def run_stream(cfg: ClientConfig, pcm: np.ndarray, index: int, start_at: f
     try:
         async with asyncio.timeout(budget):
             async with websockets.connect(endpoint(cfg), additional_headers=headers, max_size=None,
-                                          open_timeout=cfg.connect_timeout_s, **client_keepalive(cfg.rate)) as ws:
+                                          open_timeout=cfg.connect_timeout_s, **client_keepalive(cfg.rate),
+                                          **client_tls(cfg.ca_file)) as ws:
                 first = json.loads(await ws.recv())
                 if first.get("type") == "error":
                     on_message(json.dumps(first), clock())
@@ -355,7 +363,7 @@ async def transcribe_pcm(cfg: ClientConfig, pcm: bytes, chunk_bytes: int = 4096)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
     async with asyncio.timeout(cfg.connect_timeout_s + cfg.final_timeout_s + len(pcm) / 2 / RATE):
         async with websockets.connect(endpoint(cfg), additional_headers=headers, max_size=None,
-                                      **client_keepalive(None)) as ws:
+                                      **client_keepalive(None), **client_tls(cfg.ca_file)) as ws:
             first = json.loads(await ws.recv())
             if first.get("type") != "session.created":
                 raise RuntimeError(f"expected session.created, got {first}")
@@ -688,6 +696,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--url", default="ws://127.0.0.1:8000", help="server address (ws://HOST:PORT[/path])")
     ap.add_argument("--dialect", choices=("vllm", "openai"), default="vllm")
     ap.add_argument("--api-key", default=None)
+    ap.add_argument("--ca-file", default=None,
+                    help="wss:// to a server with a self-signed or private certificate: trust this PEM file")
     ap.add_argument("--model", default=None, help="model name (default: the first of /v1/models)")
     ap.add_argument("--files", nargs="+", default=[str(DEFAULT_FILE)], help="WAV/FLAC/Ogg files, used in turn")
     ap.add_argument("--duration", type=float, default=None,
@@ -732,10 +742,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 async def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[LevelResult]]:
     """Runs the levels the arguments ask for; returns the JSON report and the raw levels."""
     slo_ms = args.slo_ms if args.slo_ms is not None else args.delay_ms + 100.0
-    model = args.model if args.model is not None else fetch_model(args.url, args.api_key)
+    model = args.model if args.model is not None else fetch_model(args.url, args.api_key, ca_file=args.ca_file)
     cfg = ClientConfig(url=args.url, dialect=args.dialect, model=model, api_key=args.api_key,
                        delay_ms=args.delay_ms, chunk_ms=args.chunk_ms, rate=args.rate,
-                       final_timeout_s=args.final_timeout)
+                       final_timeout_s=args.final_timeout, ca_file=args.ca_file)
     files = [load_pcm16(f) for f in args.files]
     levels: list[LevelResult] = []
     audio_cache: dict[int, np.ndarray] = {}

@@ -114,7 +114,7 @@ class Metrics:
                                           "Sessions closed because the client answered no keepalive ping.")
         self.shutdown_flushed_sessions = Counter(
             "streamscribe_shutdown_flushed_sessions_total",
-            "Sessions still open when a graceful shutdown's drain time ran out: their turns were finished by the server.")
+            "Sessions still open when a graceful shutdown's drain time ran out: the server finished their turns.")
         self.read_pauses = Counter("streamscribe_read_pauses_total",
                                    "Times a session stopped reading its socket (backpressure), by cause.", ("cause",))
         self.audio_seconds = Counter("streamscribe_audio_received_seconds_total",

@@ -66,6 +66,7 @@ class StreamServer:
             self.engine.start()
         self._server = await serve(
             self._handle, s.host, s.port,
+            ssl=s.ssl_context(),
             process_request=self._process_request,
             select_subprotocol=self._select_subprotocol,
             compression=None,  # audio is incompressible base64: deflate would only cost CPU and memory
@@ -77,7 +78,7 @@ class StreamServer:
             reuse_port=s.reuse_port,
         )
         self._stats_task = asyncio.create_task(self._poll_stats(), name="engine-stats")
-        logger.info("listening on ws://%s:%d%s (models: %s; auth %s)", s.host, self.port, REALTIME_PATH,
+        logger.info("listening on %s://%s:%d%s (models: %s; auth %s)", s.ws_scheme, s.host, self.port, REALTIME_PATH,
                     ", ".join(s.served_model_names), "on" if s.auth_enabled else "off")
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +46,37 @@ class ServerSettings:
     demo_dir: Path = field(default_factory=lambda: DEMO_DIR)
     # several server processes on one port (`--workers`): the kernel spreads new connections over them
     reuse_port: bool = False
+    # TLS on the port itself (wss:// and https://): a PEM certificate chain, and its key unless the chain file holds it
+    tls_certfile: Path | None = None
+    tls_keyfile: Path | None = None
 
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_certfile is not None
+
+    @property
+    def ws_scheme(self) -> str:
+        return "wss" if self.tls_enabled else "ws"
+
+    @property
+    def http_scheme(self) -> str:
+        return "https" if self.tls_enabled else "http"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The server's TLS context (None without a certificate); ValueError naming the file when it cannot load."""
+        if self.tls_certfile is None:
+            if self.tls_keyfile is not None:
+                raise ValueError("a TLS key file was given without its certificate (--ssl-certfile)")
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            ctx.load_cert_chain(self.tls_certfile, self.tls_keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            files = str(self.tls_certfile) + (f" / {self.tls_keyfile}" if self.tls_keyfile else "")
+            raise ValueError(f"cannot load the TLS certificate and key from {files}: {exc}") from None
+        return ctx

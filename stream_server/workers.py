@@ -50,7 +50,7 @@ def worker_argv(argv: list[str], *, port: int, ready_file: Path, kv_fraction: fl
 
 
 def run_workers(argv: list[str], *, workers: int, host: str, port: int, kv_memory_fraction: float,
-                start_timeout_s: float = 600.0, stop_timeout_s: float = 60.0) -> int:
+                start_timeout_s: float = 600.0, stop_timeout_s: float = 60.0, scheme: str = "ws") -> int:
     """Start `workers` server processes for the command line `argv` and supervise them until a signal
     (exit 0) or a worker's own exit (exit 1). Stopping waits up to `stop_timeout_s` for the workers' graceful
     shutdown before killing them."""
@@ -89,7 +89,7 @@ def run_workers(argv: list[str], *, workers: int, host: str, port: int, kv_memor
                         logger.error("worker %d did not start listening within %.0f s", k, start_timeout_s)
                         return 1
                     time.sleep(0.05)
-            print(f"streamscribe listening on ws://{host}:{port}/v1/realtime ({workers} workers, pids "
+            print(f"streamscribe listening on {scheme}://{host}:{port}/v1/realtime ({workers} workers, pids "
                   f"{' '.join(str(p.pid) for p in procs)})", file=sys.stderr, flush=True)
             while not stopping:
                 for k, p in enumerate(procs):

@@ -162,7 +162,7 @@ class Browser:
         return page
 
 
-def chromium_args(user_dir: Path, fake_audio: Path | None) -> list[str]:
+def chromium_args(user_dir: Path, fake_audio: Path | None, extra: tuple[str, ...] = ()) -> list[str]:
     args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             "--disable-extensions", "--autoplay-policy=no-user-gesture-required",
@@ -171,14 +171,14 @@ def chromium_args(user_dir: Path, fake_audio: Path | None) -> list[str]:
     if fake_audio is not None:
         # %noloop: play the file once, then silence (Chromium loops it by default).
         args.append(f"--use-file-for-fake-audio-capture={fake_audio}%noloop")
-    return args + ["about:blank"]
+    return args + list(extra) + ["about:blank"]
 
 
-async def launch(fake_audio: Path | None = None) -> Browser:
+async def launch(fake_audio: Path | None = None, extra: tuple[str, ...] = ()) -> Browser:
     user_dir = Path(tempfile.mkdtemp(prefix="chromium-"))
     log_path = user_dir / "chromium.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(chromium_args(user_dir, fake_audio), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(chromium_args(user_dir, fake_audio, extra), stdout=log, stderr=subprocess.STDOUT)
     browser = Browser(proc, user_dir)
     port_file = user_dir / "DevToolsActivePort"  # Chromium writes its port here once it listens
     deadline = time.monotonic() + 30
@@ -515,3 +515,29 @@ async def test_graceful_shutdown_mid_stream_shows_the_final_transcript(engine: T
     assert res["state"] == "done", res
     assert res["finalText"] and res["transcript"] == res["finalText"]
     assert any("shutting down" in str(e) for e in res["errors"]), res["errors"]
+
+
+async def test_page_over_https_streams_over_wss(engine: TranscriptionEngine) -> None:
+    """Served with TLS (`--ssl-certfile`), the page streams over wss:// on its own and gets the same transcript as a
+    plain client over wss. (The test certificate is self-signed: Chromium is told to accept it.)"""
+    tls = Path(__file__).resolve().parent / "tls"
+    settings = ServerSettings(host="127.0.0.1", port=0, tls_certfile=tls / "localhost.pem",
+                              tls_keyfile=tls / "localhost-key.pem")
+    srv = ServerThread(settings, engine).start()
+    assert srv.http_url.startswith("https://")
+    browser = await launch(extra=("--ignore-certificate-errors",))
+    try:
+        page = await open_keyless_demo(browser, srv)
+        await page.eval("document.getElementById('sample-btn').click()", gesture=True)
+        await page.wait_for("streamscribe.done || streamscribe.state === 'error'", RUN_TIMEOUT_S, "the transcript")
+        res = json.loads(await page_result(page))
+        scheme = await page.eval("location.protocol")
+    finally:
+        await close(browser)
+    try:
+        cfg = ClientConfig(url=srv.ws_url, model=settings.served_model_names[0], ca_file=str(tls / "localhost.pem"))
+        plain = await transcribe_pcm(cfg, wav_pcm16(SAMPLE).tobytes())
+    finally:
+        srv.stop()
+    assert scheme == "https:" and res["state"] == "done" and res["errors"] == [], res["errors"]
+    assert res["transcript"].strip() and res["transcript"] == res["finalText"] == plain.text

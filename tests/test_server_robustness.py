@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -680,6 +681,33 @@ def test_cli_serves_default_model_and_stops_on_sigterm(reference):
         assert asyncio.run(go()) == transcribe(model, tok, SHORT).text
         text, code, close = asyncio.run(open_turn_across_sigterm(url, LIVE, proc))
         assert (text, code, close) == (transcribe(model, tok, LIVE).text, "server_shutting_down", 1001)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_serves_tls(reference):
+    """`--ssl-certfile/--ssl-keyfile`: the process announces wss:// and transcribes over it."""
+    tls = ROOT / "tests" / "tls"
+    certs = ["--ssl-certfile", str(tls / "localhost.pem"), "--ssl-keyfile", str(tls / "localhost-key.pem")]
+    proc, line = launch_cli(certs, "listening on", timeout=120)
+    try:
+        assert line and line.strip().split()[-1].startswith("wss://127.0.0.1:"), line
+        url = line.strip().split()[-1]
+
+        async def go() -> str:
+            ws = await open_vllm(url, model="streamscribe-default",
+                                 ssl=ssl.create_default_context(cafile=str(tls / "localhost.pem")))
+            try:
+                return await utterance_vllm(ws, LIVE)
+            finally:
+                await ws.close()
+
+        model, tok = load_model_and_tokenizer("default")
+        assert asyncio.run(go()) == transcribe(model, tok, LIVE).text
+        proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
