@@ -1,0 +1,128 @@
+"""`python -m stream_server.client`: the command-line live-transcription client, against the real server."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+from test_server_common import (  # noqa: F401  (fixtures)
+    MODEL,
+    StalledEngine,
+    ckpt,
+    clip,
+    engine,
+    pcm16,
+    reference,
+    start_server,
+)
+
+from stream_server import client
+
+ROOT = Path(__file__).resolve().parent.parent
+AUDIO = clip(1.4, seed=81)
+
+
+def run_client(*argv: str, stdin=None) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = client.main(list(argv), stdin=stdin, out=out, err=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def wav(tmp_path: Path, audio, rate: int = 16000) -> str:
+    path = tmp_path / "in.wav"
+    sf.write(path, audio, rate, subtype="PCM_16")
+    return str(path)
+
+
+@pytest.mark.parametrize("pace", ["0", "4"])
+def test_file_is_transcribed_as_one_session_would(start_server, reference, tmp_path, pace):
+    srv = start_server()
+    rc, out, err = run_client(wav(tmp_path, AUDIO), "--url", srv.ws_url, "--pace", pace)
+    assert (rc, out) == (0, reference(AUDIO) + "\n"), err
+    assert reference(AUDIO).strip()
+
+
+def test_stdin_pcm_and_json_events(start_server, reference):
+    srv = start_server()
+    r, w = os.pipe()
+    os.write(w, pcm16(AUDIO) + b"\x00")  # an odd trailing byte: not a whole sample, and said so
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        rc, out, err = run_client("-", "--url", srv.ws_url.removesuffix("/v1/realtime"), "--json", stdin=pipe)
+    events = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0 and events[0]["type"] == "session.created" and events[-1]["type"] == "transcription.done"
+    assert events[-1]["text"] == reference(AUDIO)
+    assert "".join(e["delta"] for e in events if e["type"] == "transcription.delta") == reference(AUDIO)
+    assert "last byte was not sent" in err
+
+
+def test_errors_are_explicit(start_server, tmp_path):
+    srv = start_server(api_keys=("k1",))
+    path = wav(tmp_path, AUDIO)
+    rc, out, err = run_client(path, "--url", srv.ws_url, "--api-key", "k1", "--model", "nope")
+    assert rc == 1 and "model_not_found" in err and out == ""
+    rc, _, err = run_client(path, "--url", srv.ws_url, "--api-key", "wrong", "--model", MODEL)
+    assert rc == 1 and "HTTP 401" in err
+    rc, _, err = run_client(str(tmp_path / "missing.wav"), "--url", srv.ws_url)
+    assert rc == 2 and "missing.wav" in err
+    rc, _, err = run_client(path, "--url", "ws://127.0.0.1:9", "--model", MODEL)
+    assert rc == 1 and "connection to ws://127.0.0.1:9 failed" in err
+    rc, _, err = run_client(path, "--url", "127.0.0.1:8000")
+    assert rc == 2 and "not a websocket URL" in err
+
+
+def launch(url: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "stream_server.client", "-", "--url", url, "--model", MODEL],
+                            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def feed_and_wait(proc: subprocess.Popen, srv, audio) -> None:
+    """Write `audio` into the client's stdin, which stays open (like a microphone's), and wait until the server
+    has taken in every sample."""
+    proc.stdin.write(pcm16(audio))
+    proc.stdin.flush()
+    deadline = time.monotonic() + 30
+    while srv.call(lambda: srv.server.metrics.audio_seconds.get()) < len(audio) / 16000:
+        assert time.monotonic() < deadline, "the client did not send the audio"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_ends_a_live_pipe_and_prints_the_final_transcript(start_server, reference):
+    """The microphone case: a pipe that stays open. Ctrl-C ends the utterance; the transcript of everything sent
+    still comes, and the client exits 0."""
+    srv = start_server()
+    half = AUDIO[: len(AUDIO) // 2]
+    proc = launch(srv.ws_url)
+    try:
+        feed_and_wait(proc, srv, half)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out.decode() == reference(half) + "\n"
+
+
+def test_second_ctrl_c_quits_at_once(start_server, engine):
+    srv = start_server(engine_override=StalledEngine(engine))  # the final transcript never comes
+    proc = launch(srv.ws_url)
+    try:
+        feed_and_wait(proc, srv, AUDIO)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert proc.poll() is None  # waiting for the final transcript
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
