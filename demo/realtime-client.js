@@ -13,7 +13,7 @@
 const HANDSHAKE_TIMEOUT_MS = 10000;
 const FATAL_CODES = new Set([
   "model_not_found", "model_not_validated", "processing_error", "server_busy", "server_full",
-  "engine_stalled", "idle_timeout", "server_shutting_down",
+  "engine_stalled", "idle_timeout", "server_shutting_down", "too_many_sessions",
 ]);
 
 export class RealtimeError extends Error {

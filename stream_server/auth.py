@@ -48,15 +48,21 @@ def extract_api_key(authorization: str | None, path: str, subprotocols: list[str
     return None
 
 
-def key_matches(provided: str | None, keys: tuple[str, ...]) -> bool:
-    """Constant-time check of `provided` against every configured key (digests hide the length)."""
+def key_index(provided: str | None, keys: tuple[str, ...]) -> int | None:
+    """Which configured key `provided` is (its index), checked in constant time against every key (digests hide
+    the length); None when it is none of them. The index names a key in logs and quotas without revealing it."""
     if provided is None:
-        return False
+        return None
     digest = hashlib.sha256(provided.encode("utf-8", "surrogatepass")).digest()
-    ok = False
-    for k in keys:
-        ok |= hmac.compare_digest(digest, hashlib.sha256(k.encode("utf-8")).digest())
-    return ok
+    found = None
+    for i, k in enumerate(keys):
+        if hmac.compare_digest(digest, hashlib.sha256(k.encode("utf-8")).digest()):
+            found = i
+    return found
+
+
+def key_matches(provided: str | None, keys: tuple[str, ...]) -> bool:
+    return key_index(provided, keys) is not None
 
 
 def _origin_parts(origin: str) -> tuple[str, str, int | None] | None:

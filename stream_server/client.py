@@ -37,7 +37,7 @@ from .loadtest import RATE, append_event, client_keepalive, client_tls, error_co
 API_KEY_ENV = "STREAMSCRIBE_API_KEY"
 # after these the server will not finish the utterance (the demo page's list, plus a refused handshake's)
 FATAL_CODES = frozenset({"model_not_found", "model_not_validated", "processing_error", "server_busy", "server_full",
-                         "engine_stalled", "idle_timeout", "server_shutting_down"})
+                         "engine_stalled", "idle_timeout", "server_shutting_down", "too_many_sessions"})
 
 
 @dataclass(frozen=True)

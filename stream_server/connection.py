@@ -58,6 +58,16 @@ CLOSE_TRY_AGAIN_LATER = 1013
 
 
 @dataclass
+class SessionUsage:
+    """What one session used, for its line in the server log when it ends."""
+
+    audio_s: float = 0.0  # received from the client, at the client's rate
+    tokens: int = 0
+    turns: int = 0  # utterances (vLLM) or items (OpenAI) transcribed
+    errors: int = 0  # error events sent
+
+
+@dataclass
 class ServerContext:
     """What every session shares: settings, the engine, metrics, the VAD thread pool."""
 
@@ -138,7 +148,8 @@ def is_openai_session_update(event: dict[str, Any]) -> bool:
 
 
 class Connection:
-    def __init__(self, ws: ServerConnection, ctx: ServerContext, query: dict[str, list[str]]) -> None:
+    def __init__(self, ws: ServerConnection, ctx: ServerContext, query: dict[str, list[str]], client: str = "") -> None:
+        """client: who opened it, for logs and per-client quotas ("key #N" or the peer's address)."""
         from .openai_dialect import OpenAIDialect
         from .vllm_dialect import VllmDialect
 
@@ -149,6 +160,8 @@ class Connection:
         self.session_id = new_id("sess-", 16)  # vLLM's form: "sess-" + 32 hex digits
         self.created = int(time.time())
         self.outbox = Outbox()
+        self.client = client
+        self.usage = SessionUsage()
         self._closing = False
         self._shutting_down = False
         self._receiver: asyncio.Task[None] | None = None
@@ -167,8 +180,20 @@ class Connection:
         if not self._closing:
             self.outbox.put(dumps(event), arrival)
 
+    def count_audio(self, seconds: float) -> None:
+        self.metrics.audio_seconds.inc(amount=seconds)
+        self.usage.audio_s += seconds
+
+    def count_token(self) -> None:
+        self.metrics.tokens.inc()
+        self.usage.tokens += 1
+
+    def count_error(self, code: str) -> None:
+        self.metrics.errors.inc(code)
+        self.usage.errors += 1
+
     def send_error(self, err: ProtocolError, client_event_id: str | None = None) -> None:
-        self.metrics.errors.inc(err.code)
+        self.count_error(err.code)
         logger.info("session %s: error %s: %s", self.session_id, err.code, err.detail or err.message)
         self.send(self.dialect.error_event(err, client_event_id))
 

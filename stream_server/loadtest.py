@@ -62,7 +62,7 @@ logger = logging.getLogger("stream_server.loadtest")
 RATE = 16000
 DEFAULT_FILE = Path(__file__).resolve().parent.parent / "demo" / "samples" / "sample_en.wav"
 DEFAULT_DELAY_MS = 480
-REJECT_CODES = {"server_full", "server_busy", "server_shutting_down"}  # "no room here", not "you did wrong"
+REJECT_CODES = {"server_full", "server_busy", "server_shutting_down", "too_many_sessions"}  # "no room", not "bad"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -310,7 +310,7 @@ class OpenAIDialect:
             raise ProtocolError("invalid_audio", f"Invalid audio data: {exc}", param="audio") from None
         if samples.size == 0:
             raise ProtocolError("invalid_audio", "Invalid audio data: the append holds no samples", param="audio")
-        self.conn.metrics.audio_seconds.inc(amount=samples.size / self.config.format.rate)
+        self.conn.count_audio(samples.size / self.config.format.rate)
         await self._ingest(self._resampler.push(samples), time.monotonic())
 
     async def _ingest(self, x: np.ndarray, arrival: float) -> None:
@@ -365,6 +365,7 @@ class OpenAIDialect:
         except ConfigError as exc:
             raise ProtocolError("invalid_value", str(exc)) from None
         item = Item(item_id, stream, start_sample)
+        self.conn.usage.turns += 1
         self.items[item_id] = item
         self.current = item
         return item
@@ -414,7 +415,7 @@ class OpenAIDialect:
 
     # -- engine output ---------------------------------------------------------------------------
     def _on_token(self, item_id: str, up: TokenUpdate) -> None:
-        self.conn.metrics.tokens.inc()
+        self.conn.count_token()
         item = self.items.get(item_id)
         if item is not None and item is self.current and item.stream.eos_seen:
             # The model says the speech ended: end the turn here; later audio starts a new one. (The
@@ -437,7 +438,7 @@ class OpenAIDialect:
                 self._commit_item(item)  # an engine that ends a stream at its end token: commit it now
         self.conn.touch()
         if out.error is not None:
-            self.conn.metrics.errors.inc("processing_error")
+            self.conn.count_error("processing_error")
             self._send({"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id,
                         "content_index": 0, "error": {"type": "server_error", "code": "processing_error",
                                                       "message": f"Transcription failed: {out.error}",

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -49,6 +50,7 @@ class StreamServer:
         self.ctx = ServerContext(settings, engine, self.metrics,
                                  ThreadPoolExecutor(max_workers=2, thread_name_prefix="vad"))
         self.active: set[Connection] = set()
+        self._sessions_of: Counter[str] = Counter()  # open sessions per client (`_client_of`)
         self._server: Server | None = None
         self._stats_task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -139,12 +141,14 @@ class StreamServer:
         plain = [p for p in offered if not p.startswith(auth.KEY_SUBPROTOCOL_PREFIX)]
         return plain[0] if plain else offered[0]
 
-    def _authorized(self, request: Request) -> bool:
-        if not self.settings.auth_enabled:
-            return True
+    def _key_index(self, request: Request) -> int | None:
+        """Which configured API key the request carries (None: none of them)."""
         protos = auth.offered_subprotocols(request.headers.get_all("Sec-WebSocket-Protocol"))
         key = auth.extract_api_key(request.headers.get("Authorization"), request.path, protos)
-        return auth.key_matches(key, self.settings.api_keys)
+        return auth.key_index(key, self.settings.api_keys)
+
+    def _authorized(self, request: Request) -> bool:
+        return not self.settings.auth_enabled or self._key_index(request) is not None
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = urlsplit(request.path).path
@@ -182,8 +186,16 @@ class StreamServer:
                 "server_full", f"The server is full ({self.settings.max_sessions} sessions); try again later"),
                 CLOSE_TRY_AGAIN_LATER, "server full")
             return
-        conn = Connection(ws, self.ctx, query)
+        client = self._client_of(ws)
+        quota = self.settings.max_sessions_per_client
+        if quota and self._sessions_of[client] >= quota:
+            await self._refuse(ws, query, ProtocolError(
+                "too_many_sessions", f"This client ({client}) already has {quota} sessions open, the most one client "
+                "may hold; close one or try again later"), CLOSE_TRY_AGAIN_LATER, "too many sessions")
+            return
+        conn = Connection(ws, self.ctx, query, client)
         self.active.add(conn)
+        self._sessions_of[client] += 1
         self.metrics.sessions_active.set(len(self.active))
         self.metrics.sessions_total.inc()
         t0 = time.monotonic()
@@ -193,8 +205,25 @@ class StreamServer:
             logger.exception("session %s crashed", conn.session_id)
         finally:
             self.active.discard(conn)
+            self._sessions_of[client] -= 1
+            if not self._sessions_of[client]:
+                del self._sessions_of[client]
             self.metrics.sessions_active.set(len(self.active))
-            self.metrics.session_seconds.observe(time.monotonic() - t0)
+            seconds = time.monotonic() - t0
+            self.metrics.session_seconds.observe(seconds)
+            u = conn.usage
+            # one line per session, like an access log (the key's number, never the key)
+            logger.info("session %s (%s, %s) ended after %.1f s: %.1f s of audio, %d turn(s), %d token(s), "
+                        "%d error event(s), close %s %s", conn.session_id, client, conn.dialect.name, seconds,
+                        u.audio_s, u.turns, u.tokens, u.errors, ws.close_code, ws.close_reason or "")
+
+    def _client_of(self, ws: ServerConnection) -> str:
+        """Who opened `ws`: "key #N" (the N-th configured key, from 1) with keys, else the peer's address."""
+        index = self._key_index(ws.request) if self.settings.auth_enabled and ws.request is not None else None
+        if index is not None:
+            return f"key #{index + 1}"
+        peer = ws.remote_address
+        return str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
 
     async def _refuse(self, ws: ServerConnection, query: dict[str, list[str]], err: ProtocolError, close_code: int,
                       reason: str) -> None:

@@ -19,6 +19,9 @@ class ServerSettings:
     allow_no_auth: bool = False  # serve a non-loopback host without keys (refused otherwise)
     allowed_origins: tuple[str, ...] | None = None  # None: same host + localhost
     max_sessions: int = 64
+    # sessions one client may hold at once (0: no limit); a client is its API key when keys are set, else its
+    # address (behind a proxy every client has the proxy's address: use keys there)
+    max_sessions_per_client: int = 0
     # A message above this gets an error event (the session goes on); the transport drops the
     # connection only above `transport_max_factor` times it (so a runaway client costs bounded memory).
     max_message_bytes: int = 1 << 20

@@ -145,7 +145,7 @@ class VllmDialect:
         if samples.size == 0:
             raise ProtocolError("invalid_audio", "Invalid audio data", detail="the append holds no samples")
         now = time.monotonic()
-        self.conn.metrics.audio_seconds.inc(amount=samples.size / SAMPLE_RATE)
+        self.conn.count_audio(samples.size / SAMPLE_RATE)
         u = self.utterance
         if u is not None and not u.finished and u.eos_seen:
             if not self._eos_reported:
@@ -203,6 +203,7 @@ class VllmDialect:
         except ConfigError as exc:
             raise ProtocolError("invalid_value", str(exc)) from None
         self.utterance = u
+        self.conn.usage.turns += 1
         self._eos_reported = False
         buffered, self._buffer, self._buffer_samples = self._buffer, [], 0
         for samples, arrival in buffered:
@@ -210,7 +211,7 @@ class VllmDialect:
 
     # -- engine output --------------------------------------------------------------------------
     def _on_token(self, up: TokenUpdate) -> None:
-        self.conn.metrics.tokens.inc()
+        self.conn.count_token()
         self.conn.send({"type": "transcription.delta", "delta": up.text, "is_final": False,
                         "audio_end_ms": up.audio_end_ms, "words": [w.to_json() for w in up.words]},
                        arrival=up.arrival)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import ssl
@@ -309,6 +310,56 @@ async def test_server_full_is_explicit_then_recovers(start_server, reference):
     await b.close()
     _, _, body = http_get(f"{srv.http_url}/metrics")
     assert 'streamscribe_connections_rejected_total{reason="server_full"} 2' in body.decode()
+
+
+async def test_sessions_per_client_are_capped_per_key(start_server, reference):
+    srv = start_server(api_keys=("k1", "k2"), max_sessions_per_client=2)
+    auth1 = {"additional_headers": {"Authorization": "Bearer k1"}}
+    a, b = await open_vllm(srv.ws_url, **auth1), await open_vllm(srv.ws_url, **auth1)
+    async with connect(srv.ws_url, **auth1) as c:
+        assert await recv_json(c) == {"type": "error", "code": "too_many_sessions", "error": (
+            "This client (key #1) already has 2 sessions open, the most one client may hold; close one or try again "
+            "later")}
+        with pytest.raises(ConnectionClosed) as info:
+            await asyncio.wait_for(c.recv(), 5)
+        assert info.value.rcvd.code == 1013
+    other = await open_vllm(srv.ws_url, additional_headers={"Authorization": "Bearer k2"})  # another key: room
+    await other.close()
+    await a.close()
+    assert await asyncio.to_thread(wait_for, lambda: srv.call(lambda: len(srv.server.active)) == 1)
+    c = await open_vllm(srv.ws_url, **auth1)  # room again
+    assert await utterance_vllm(c, SHORT) == reference(SHORT)
+    await c.close()
+    await b.close()
+    _, _, body = http_get(f"{srv.http_url}/metrics")
+    assert 'streamscribe_connections_rejected_total{reason="too_many_sessions"} 1' in body.decode()
+
+
+async def test_sessions_per_client_without_keys_count_per_address(start_server):
+    srv = start_server(max_sessions_per_client=1)
+    a = await open_vllm(srv.ws_url)
+    async with connect(srv.ws_url) as c:
+        err = await recv_json(c)
+        assert err["code"] == "too_many_sessions" and "(127.0.0.1)" in err["error"]
+    await a.close()
+
+
+async def test_each_session_ends_with_one_log_line(start_server, reference, caplog):
+    srv = start_server(api_keys=("k1", "k2"))
+    with caplog.at_level(logging.INFO, logger="stream_server.server"):
+        ws = await open_vllm(srv.ws_url, additional_headers={"Authorization": "Bearer k2"})
+        await send_json(ws, {"type": "nonsense"})
+        assert (await recv_json(ws))["code"] == "unknown_event"
+        assert await utterance_vllm(ws, SHORT) == reference(SHORT)
+        await ws.close()
+        assert await asyncio.to_thread(wait_for, lambda: srv.call(lambda: len(srv.server.active)) == 0)
+    lines = [r.getMessage() for r in caplog.records if "ended after" in r.getMessage()]
+    assert len(lines) == 1, lines
+    tokens = int(srv.call(lambda: srv.server.metrics.tokens.get()))  # this server's only session
+    line = lines[0]
+    assert tokens > 0 and line.startswith("session sess-") and "(key #2, vllm)" in line
+    assert (f"{len(SHORT) / 16000:.1f} s of audio, 1 turn(s), {tokens} token(s), 1 error event(s), close 1000"
+            in line), line
 
 
 async def test_idle_timeout_closes_with_error(start_server):

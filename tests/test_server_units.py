@@ -125,6 +125,8 @@ def test_key_extraction_and_matching():
     assert auth.key_matches("abc", ("x", "abc"))
     assert not auth.key_matches("ab", ("abc",)) and not auth.key_matches(None, ("abc",))
     assert not auth.key_matches("abc", ())
+    assert auth.key_index("k2", ("k1", "k2", "k3")) == 1 and auth.key_index("k", ("k1",)) is None
+    assert auth.key_index(None, ("k1",)) is None
 
 
 def test_loopback_hosts():
