@@ -16,7 +16,8 @@ loop and engine (on the same device).
 - A signal to the supervisor stops every worker gracefully (one SIGTERM each: live sessions get their
   transcripts, `--drain-timeout`); a second signal stops them at once. Workers run in their own process
   session, so a terminal's Ctrl-C reaches only the supervisor and each worker sees one signal, not two. A worker
-  that exits on its own stops the others, and the supervisor exits with an error.
+  that exits on its own stops the others, and the supervisor exits with an error. A supervisor killed outright
+  (SIGKILL) takes its workers with it: on Linux each worker asks the kernel for a SIGTERM when its parent dies.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def run_workers(argv: list[str], *, workers: int, host: str, port: int, kv_memor
                 ready = Path(tmp) / f"worker{k}.ready"
                 procs.append(subprocess.Popen(worker_argv(argv, port=port, ready_file=ready,
                                                           kv_fraction=kv_memory_fraction / (workers - k)),
-                                              start_new_session=True))
+                                              start_new_session=True, preexec_fn=_die_with_parent))
                 deadline = time.monotonic() + start_timeout_s
                 while not ready.exists():
                     if stopping:
@@ -112,6 +113,19 @@ def run_workers(argv: list[str], *, workers: int, host: str, port: int, kv_memor
                     p.kill()
                     p.wait()
     return rc
+
+
+def _die_with_parent() -> None:
+    """In a worker, before it runs: SIGTERM it (a graceful stop) when the supervisor dies, even by SIGKILL, so that
+    no worker is left holding the port. Linux only (prctl); elsewhere workers outlive a killed supervisor."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() == 1:  # the supervisor died before the prctl: no signal would ever come
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def mark_ready(path: Path | None) -> None:

@@ -800,11 +800,15 @@ def start_workers(n: int, *extra: str) -> tuple[subprocess.Popen, str, list[int]
 
 
 def alive(pid: int) -> bool:
+    """Running (a zombie, exited but not yet reaped by whoever adopted it, counts as stopped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def test_workers_share_one_port_and_stop_together(reference):
@@ -844,6 +848,20 @@ def test_a_worker_that_dies_stops_the_others():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
+def test_workers_do_not_outlive_a_killed_supervisor():
+    """SIGKILL to the supervisor (no chance to stop anything): the workers still stop, so none keeps the port."""
+    proc, _, pids = start_workers(2)
+    try:
+        proc.kill()
+        proc.wait(10)
+        assert wait_for(lambda: not any(alive(p) for p in pids), timeout=60), "a worker outlived its supervisor"
+    finally:
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
 
 
 async def fresh_vllm_utterance_named(url: str, audio: np.ndarray) -> str:
