@@ -9,5 +9,5 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 python3 benchmarks/drain_under_load.py --streams "$n" --workers "$workers" --device cuda --no-check \
-  --signal-after 8 --stagger 2 --drain-timeout 1.0 --out "$OUT/drain_gpu_${n}x${workers}.json"
+  --signal-after 6 --stagger 1 --drain-timeout 1.0 --out "$OUT/drain_gpu_${n}x${workers}.json"
 echo "rc=$?"
