@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 from test_server_common import (  # noqa: F401  (fixtures)
     MODEL,
@@ -52,13 +53,14 @@ async def append_all(ws, audio, chunk: int = 3200) -> None:
         await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(data[i: i + chunk])})
 
 
-async def barrier(ws) -> None:
+async def barrier(ws) -> list[dict]:
     """The server handles a session's messages in order: once it answers this unknown event, it has taken in
-    every append sent before it."""
+    every append sent before it. Returns the events before that answer."""
     await send_json(ws, {"type": "streamscribe.test_barrier"})
     events = await recv_until(ws, {"error"})
     code = events[-1]["code"] if "code" in events[-1] else events[-1]["error"]["code"]
     assert code == "unknown_event", events[-1]
+    return events[:-1]
 
 
 async def closed_code(ws) -> int:
@@ -154,3 +156,33 @@ async def test_an_engine_that_never_finishes_does_not_hold_the_shutdown(start_se
     assert err["code"] == "server_shutting_down" and "1 transcription(s) could not be finished" in err["error"]
     assert await closed_code(ws) == 1001
     assert not stalled.pending  # the session's stream was closed
+
+
+async def test_server_vad_turn_in_speech_is_finished_and_silence_is_not_a_turn(start_server, reference):
+    srv = start_server(drain_timeout_s=0.2)
+    speech = np.concatenate([np.zeros(8000, np.float32), clip(1.0, seed=22)])  # the VAD hears speech in it
+    vad = {"type": "server_vad", "silence_duration_ms": 3000}  # longer than the audio: the turn is still open
+
+    async def open_vad(audio) -> object:
+        ws = await connect(srv.ws_url + "?intent=transcription")
+        await recv_json(ws)
+        await send_json(ws, {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": vad}}}})
+        assert (await recv_json(ws))["type"] == "session.updated"
+        await append_all(ws, audio)
+        return ws
+
+    talking, silent = await open_vad(speech), await open_vad(np.zeros(16000, np.float32))
+    events = await barrier(talking)
+    assert await barrier(silent) == []
+    done = asyncio.wrap_future(srv.shut_down())
+    events += await recv_until(talking, {COMPLETED, "error"})
+    assert events[-1]["type"] == COMPLETED, [e["type"] for e in events]
+    start = next(e for e in events if e["type"] == "input_audio_buffer.speech_started")
+    assert events[-1]["transcript"] == reference(speech[start["audio_start_ms"] * 16:])
+    assert (await recv_json(talking))["type"] == "conversation.item.done"
+    assert (await recv_json(talking))["error"]["code"] == "server_shutting_down"
+    assert await closed_code(talking) == 1001
+    assert (await recv_json(silent))["error"]["code"] == "server_shutting_down"  # no item: nothing was said
+    assert await closed_code(silent) == 1001
+    await asyncio.wait_for(done, 30)
