@@ -9,7 +9,7 @@ It speaks the vLLM dialect of `/v1/realtime`, so it works with vLLM's server too
 and channel count (resampled to 16 kHz mono); `-`: raw PCM16 little-endian mono 16 kHz on stdin.
 
 stdout gets the transcript as the deltas arrive, then a newline (`--json`: every server event as one JSON line
-instead); stderr gets status and errors. The end of the input or Ctrl-C (SIGINT) ends the utterance: the server
+instead); stderr gets status and errors. `--srt FILE` also writes subtitles from the final event's word timings. The end of the input or Ctrl-C (SIGINT) ends the utterance: the server
 still finishes it, and its final transcript is printed. A second Ctrl-C quits at once. Exit status: 0 when the
 final transcript arrived (server errors before it: 1), 1 when the connection or the server failed, 2 for bad
 arguments or input, 130 after a second Ctrl-C.
@@ -50,6 +50,41 @@ class ClientOptions:
     pace: float = 1.0  # files: times real time (0: unpaced); stdin is sent as it comes
     ca_file: str | None = None
     json_events: bool = False
+    srt: Path | None = None  # subtitles from the final event's words
+
+
+def srt_time(ms: int) -> str:
+    h, rest = divmod(max(0, int(ms)), 3_600_000)
+    m, rest = divmod(rest, 60_000)
+    s, ms = divmod(rest, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d},{ms:03d}"
+
+
+def subtitle_cues(words: list[dict[str, Any]], *, max_chars: int = 42, max_ms: int = 6000, gap_ms: int = 800
+                  ) -> list[tuple[int, int, str]]:
+    """Word timings -> (start_ms, end_ms, text) cues: a new cue when the line would pass `max_chars` or `max_ms`,
+    or after a pause of `gap_ms` (subtitle conventions: about two seconds to read a 42-character line)."""
+    cues: list[tuple[int, int, str]] = []
+    cur: list[dict[str, Any]] = []
+    for w in words:
+        if cur:
+            text = " ".join(x["word"] for x in cur + [w])
+            if (len(text) > max_chars or w["end_ms"] - cur[0]["start_ms"] > max_ms
+                    or w["start_ms"] - cur[-1]["end_ms"] > gap_ms):
+                cues.append((cur[0]["start_ms"], cur[-1]["end_ms"], " ".join(x["word"] for x in cur)))
+                cur = []
+        cur.append(w)
+    if cur:
+        cues.append((cur[0]["start_ms"], cur[-1]["end_ms"], " ".join(x["word"] for x in cur)))
+    return cues
+
+
+def write_srt(path: Path, words: list[dict[str, Any]]) -> int:
+    """SubRip file of `words`; returns the number of cues."""
+    cues = subtitle_cues(words)
+    path.write_text("".join(f"{i}\n{srt_time(a)} --> {srt_time(b)}\n{text}\n\n" for i, (a, b, text) in
+                            enumerate(cues, 1)), encoding="utf-8")
+    return len(cues)
 
 
 def realtime_url(url: str) -> str:
@@ -164,18 +199,26 @@ async def transcribe_live(opts: ClientOptions, chunks: AsyncIterator[bytes], out
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
 
             sender = asyncio.create_task(send())
+            delta_words: list[dict[str, Any]] = []
             try:
                 async for raw in ws:
                     event = json.loads(raw)
                     show(event)
                     kind = event.get("type")
-                    if kind == "transcription.delta" and not opts.json_events:
-                        out.write(event.get("delta", ""))
-                        out.flush()
+                    if kind == "transcription.delta":
+                        delta_words += event.get("words") or []
+                        if not opts.json_events:
+                            out.write(event.get("delta", ""))
+                            out.flush()
                     elif kind == "transcription.done":
                         if not opts.json_events:
                             out.write("\n")
                             out.flush()
+                        if opts.srt is not None:
+                            # the final event lists every word, or past 4096 words only those no delta carried
+                            words = event.get("words") or []
+                            cues = write_srt(opts.srt, delta_words + words if event.get("words_truncated") else words)
+                            print(f"streamscribe: {cues} subtitle(s) written to {opts.srt}", file=err)
                         return 1 if errors else 0
                     elif kind == "error" and report(event) in FATAL_CODES:
                         return 1
@@ -205,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-ms", type=int, default=80, help="audio per message")
     p.add_argument("--ca-file", default=None, help="wss:// to a self-signed server: trust this PEM certificate")
     p.add_argument("--json", action="store_true", help="print every server event as a JSON line")
+    p.add_argument("--srt", type=Path, default=None, help="also write SubRip subtitles (from the word timings)")
     return p
 
 
@@ -225,7 +269,7 @@ def main(argv: list[str] | None = None, *, stdin: BinaryIO | None = None, out: T
     if model is None:  # what /v1/models lists first ("" lets the server pick its default)
         model = fetch_model(args.url, api_key, ca_file=args.ca_file)
     opts = ClientOptions(url=args.url, model=model, api_key=api_key, delay_ms=args.delay_ms, chunk_ms=args.chunk_ms,
-                         pace=args.pace, ca_file=args.ca_file, json_events=args.json)
+                         pace=args.pace, ca_file=args.ca_file, json_events=args.json, srt=args.srt)
     pcm: np.ndarray | None = None
     if args.source != "-":
         try:

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile as sf
 from test_server_common import (  # noqa: F401  (fixtures)
@@ -126,3 +127,34 @@ def test_second_ctrl_c_quits_at_once(start_server, engine):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130
+
+
+def test_subtitles_from_the_word_timings(start_server, reference, tmp_path):
+    srv = start_server()
+    audio = np.concatenate([clip(2.0, seed=82), np.zeros(16000, np.float32), clip(2.0, seed=83)])
+    srt = tmp_path / "out.srt"
+    rc, out, err = run_client(wav(tmp_path, audio), "--url", srv.ws_url, "--pace", "0", "--srt", str(srt))
+    assert rc == 0 and out == reference(audio) + "\n", err
+    blocks = [b.split("\n") for b in srt.read_text().strip().split("\n\n")]
+    assert [int(b[0]) for b in blocks] == list(range(1, len(blocks) + 1))
+    spans = [tuple(ms(t) for t in b[1].split(" --> ")) for b in blocks]
+    assert all(a <= b for a, b in spans) and all(p[1] <= q[0] for p, q in zip(spans, spans[1:]))
+    assert spans[-1][1] <= len(audio) * 1000 // 16000
+    assert " ".join(" ".join(b[2:]) for b in blocks).split() == reference(audio).split()
+    assert f"{len(blocks)} subtitle(s) written" in err
+
+
+def ms(t: str) -> int:
+    h, m, rest = t.split(":")
+    s, milli = rest.split(",")
+    return ((int(h) * 60 + int(m)) * 60 + int(s)) * 1000 + int(milli)
+
+
+def test_subtitle_cues_follow_the_conventions():
+    words = [{"word": w, "start_ms": i * 400, "end_ms": i * 400 + 300} for i, w in enumerate("a b c".split())]
+    words += [{"word": "after", "start_ms": 3000, "end_ms": 3300}]  # a pause of 1.9 s: a new cue
+    words += [{"word": "x" * 20, "start_ms": 3400 + i * 400, "end_ms": 3700 + i * 400} for i in range(3)]
+    cues = client.subtitle_cues(words)
+    assert cues[0] == (0, 1100, "a b c")
+    assert cues[1][2] == "after " + "x" * 20 and cues[2][2] == "x" * 20 + " " + "x" * 20  # 42 characters at most
+    assert client.srt_time(3_723_004) == "01:02:03,004"
