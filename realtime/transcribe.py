@@ -1,14 +1,20 @@
 """Offline transcription of an audio file: the transcript alone on stdout, logs on stderr.
 
     python -m realtime.transcribe --model DIR|default FILE.wav [--delay-ms 480] [--device cpu] [--dtype fp32]
+        [--srt OUT.srt] [--words OUT.json]
+
+`--words` writes every word with its audio span (`[{"word", "start_ms", "end_ms"}, ...]`, the conventions of
+`realtime/timestamps.py`: the same words a streaming server reports), `--srt` SubRip subtitles from them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -17,6 +23,8 @@ from .config import ConfigError
 from .loader import CheckpointError
 from .model_store import load_model_and_tokenizer
 from .session import transcribe
+from .subtitles import to_srt
+from .timestamps import TokenClock, words_of_tokens
 from .tokenizer import TokenizerError
 
 logger = logging.getLogger("realtime.transcribe")
@@ -30,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delay-ms", type=int, default=None, help="transcription delay (multiple of 80 ms)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default="fp32")
+    ap.add_argument("--srt", type=Path, default=None, help="also write SubRip subtitles from the word timings")
+    ap.add_argument("--words", type=Path, default=None, help="also write the words and their times (JSON)")
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.add_argument("file", help="audio file (WAV, FLAC or Ogg Vorbis/Opus, any sample rate, mono or multi-channel)")
     args = ap.parse_args(argv)
@@ -47,6 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("%.2f s of audio in %.2f s (%d tokens)", audio.size / model.config.audio.sampling_rate, dt,
                 len(result.token_ids))
     print(result.text.strip())
+    if args.srt is not None or args.words is not None:
+        cfg = model.config
+        clock = TokenClock(cfg.streaming.n_left_pad_tokens, cfg.delay_tokens(args.delay_ms), cfg.token_duration_ms)
+        audio_ms = audio.size * 1000 // cfg.audio.sampling_rate
+        words = words_of_tokens(((ev.position, ev.text) for ev in result.events), clock, audio_ms)
+        if args.words is not None:
+            args.words.write_text(json.dumps([w.to_json() for w in words], indent=1), encoding="utf-8")
+        if args.srt is not None:
+            args.srt.write_text(to_srt(words), encoding="utf-8")
     return 0
 
 

@@ -32,6 +32,9 @@ from typing import Any, BinaryIO, TextIO
 import numpy as np
 import websockets
 
+from realtime.subtitles import subtitle_cues, to_srt
+from realtime.timestamps import Word
+
 from .loadtest import RATE, append_event, client_keepalive, client_tls, error_code_message, fetch_model, load_pcm16
 
 API_KEY_ENV = "STREAMSCRIBE_API_KEY"
@@ -53,38 +56,11 @@ class ClientOptions:
     srt: Path | None = None  # subtitles from the final event's words
 
 
-def srt_time(ms: int) -> str:
-    h, rest = divmod(max(0, int(ms)), 3_600_000)
-    m, rest = divmod(rest, 60_000)
-    s, ms = divmod(rest, 1000)
-    return f"{h:02d}:{m:02d}:{s:02d},{ms:03d}"
-
-
-def subtitle_cues(words: list[dict[str, Any]], *, max_chars: int = 42, max_ms: int = 6000, gap_ms: int = 800
-                  ) -> list[tuple[int, int, str]]:
-    """Word timings -> (start_ms, end_ms, text) cues: a new cue when the line would pass `max_chars` or `max_ms`,
-    or after a pause of `gap_ms` (subtitle conventions: about two seconds to read a 42-character line)."""
-    cues: list[tuple[int, int, str]] = []
-    cur: list[dict[str, Any]] = []
-    for w in words:
-        if cur:
-            text = " ".join(x["word"] for x in cur + [w])
-            if (len(text) > max_chars or w["end_ms"] - cur[0]["start_ms"] > max_ms
-                    or w["start_ms"] - cur[-1]["end_ms"] > gap_ms):
-                cues.append((cur[0]["start_ms"], cur[-1]["end_ms"], " ".join(x["word"] for x in cur)))
-                cur = []
-        cur.append(w)
-    if cur:
-        cues.append((cur[0]["start_ms"], cur[-1]["end_ms"], " ".join(x["word"] for x in cur)))
-    return cues
-
-
 def write_srt(path: Path, words: list[dict[str, Any]]) -> int:
-    """SubRip file of `words`; returns the number of cues."""
-    cues = subtitle_cues(words)
-    path.write_text("".join(f"{i}\n{srt_time(a)} --> {srt_time(b)}\n{text}\n\n" for i, (a, b, text) in
-                            enumerate(cues, 1)), encoding="utf-8")
-    return len(cues)
+    """SubRip file of the final event's `words`; returns the number of cues."""
+    parsed = [Word(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in words]
+    path.write_text(to_srt(parsed), encoding="utf-8")
+    return len(subtitle_cues(parsed))
 
 
 def realtime_url(url: str) -> str:

@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from realtime.serving import StreamDone, StreamError, StreamEvent, StreamFailed, StreamToken, TranscriptionEngine
-
-from .timestamps import TokenClock, Word, WordTracker
+from realtime.timestamps import TokenClock, Word, WordTracker
 
 logger = logging.getLogger(__name__)
 

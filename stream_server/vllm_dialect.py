@@ -22,7 +22,7 @@ had seen when it emitted the token, for measuring emission delay) and `words` (w
 completed, with `start_ms`/`end_ms`); `transcription.done` carries `is_final: true`,
 `audio_start_ms`/`audio_end_ms` and all `words` (above 4096 words only those no delta carried, with
 `words_truncated: true`). Times are ms from the utterance's first sample
-(conventions in `timestamps.py`). `session.update` also takes `transcription_delay_ms`.
+(conventions in `realtime/timestamps.py`). `session.update` also takes `transcription_delay_ms`.
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ from test_server_common import (  # noqa: F401  (fixtures)
     start_server,
 )
 
+from realtime.subtitles import srt_time, subtitle_cues
+from realtime.timestamps import Word
 from stream_server import client
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,7 +156,28 @@ def test_subtitle_cues_follow_the_conventions():
     words = [{"word": w, "start_ms": i * 400, "end_ms": i * 400 + 300} for i, w in enumerate("a b c".split())]
     words += [{"word": "after", "start_ms": 3000, "end_ms": 3300}]  # a pause of 1.9 s: a new cue
     words += [{"word": "x" * 20, "start_ms": 3400 + i * 400, "end_ms": 3700 + i * 400} for i in range(3)]
-    cues = client.subtitle_cues(words)
+    cues = subtitle_cues([Word(w["word"], w["start_ms"], w["end_ms"]) for w in words])
     assert cues[0] == (0, 1100, "a b c")
     assert cues[1][2] == "after " + "x" * 20 and cues[2][2] == "x" * 20 + " " + "x" * 20  # 42 characters at most
-    assert client.srt_time(3_723_004) == "01:02:03,004"
+    assert srt_time(3_723_004) == "01:02:03,004"
+
+
+def test_offline_cli_reports_the_words_and_subtitles_the_server_does(start_server, ckpt, tmp_path):
+    """`python -m realtime.transcribe --words --srt` (no server) gives the very words and subtitles a streaming
+    session's final event gives for the same file."""
+    from realtime.transcribe import main as transcribe_main
+
+    srv = start_server()
+    audio = np.concatenate([clip(1.5, seed=84), np.zeros(14000, np.float32), clip(1.5, seed=85)])
+    path = wav(tmp_path, audio)
+    rc, _, err = run_client(path, "--url", srv.ws_url, "--pace", "0", "--json", "--srt", str(tmp_path / "live.srt"))
+    assert rc == 0, err
+    rc = transcribe_main(["--model", str(ckpt), path, "--words", str(tmp_path / "w.json"),
+                          "--srt", str(tmp_path / "offline.srt")])
+    assert rc == 0
+    offline_words = json.loads((tmp_path / "w.json").read_text())
+    rc, out, _ = run_client(path, "--url", srv.ws_url, "--pace", "0", "--json")
+    done = [json.loads(line) for line in out.splitlines()][-1]
+    assert done["type"] == "transcription.done" and len(offline_words) >= 3
+    assert offline_words == done["words"]
+    assert (tmp_path / "offline.srt").read_text() == (tmp_path / "live.srt").read_text()

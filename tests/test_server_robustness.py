@@ -131,7 +131,7 @@ def _live_session_objects() -> dict[str, int]:
     from stream_server.connection import Connection
     from stream_server.engine_stream import EngineStream
     from stream_server.openai_dialect import OpenAIDialect
-    from stream_server.timestamps import WordTracker
+    from realtime.timestamps import WordTracker
     from stream_server.vllm_dialect import VllmDialect
 
     kinds = (Connection, EngineStream, EngineSideStream, OpenAIDialect, VllmDialect, WordTracker)

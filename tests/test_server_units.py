@@ -23,7 +23,7 @@ from stream_server.codecs import (
 from stream_server.events import ProtocolError
 from stream_server.metrics import Counter, Histogram, Metrics
 from stream_server.options import parse_delay_ms, parse_delay_name
-from stream_server.timestamps import TokenClock, Word, WordTracker
+from realtime.timestamps import TokenClock, Word, WordTracker
 from stream_server.vad import SpeechAudio, SpeechStarted, SpeechStopped, TurnDetector, VadParams
 
 

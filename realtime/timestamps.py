@@ -17,6 +17,7 @@ stream's delay in tokens, `T` = 80 ms):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -82,3 +83,15 @@ class WordTracker:
     def flush(self) -> list[Word]:
         w = self._close()
         return [] if w is None else [w]
+
+
+def words_of_tokens(tokens: Iterable[tuple[int, str]], clock: TokenClock, audio_ms: int) -> list[Word]:
+    """Every word of a finished stream from its tokens' (LM position, text), in order, with the conventions above
+    (frames clamped to the `audio_ms` of audio the stream had): what a streaming session reports word by word."""
+    tracker = WordTracker()
+    for position, text in tokens:
+        if text:
+            start, end = clock.frame_ms(position)
+            tracker.push(text, min(max(start, 0), audio_ms), min(max(end, 0), audio_ms))
+    tracker.flush()
+    return tracker.words

@@ -1,0 +1,38 @@
+"""Subtitles (SubRip) from word timings (`realtime.timestamps.Word`): the offline CLI's and the client's `--srt`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .timestamps import Word
+
+
+def srt_time(ms: int) -> str:
+    h, rest = divmod(max(0, int(ms)), 3_600_000)
+    m, rest = divmod(rest, 60_000)
+    s, ms = divmod(rest, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d},{ms:03d}"
+
+
+def subtitle_cues(words: Sequence[Word], *, max_chars: int = 42, max_ms: int = 6000, gap_ms: int = 800
+                  ) -> list[tuple[int, int, str]]:
+    """(start_ms, end_ms, text) cues: a new cue when the line would pass `max_chars` or `max_ms`, or after a pause of
+    `gap_ms` (subtitle conventions: about two seconds to read a 42-character line)."""
+    cues: list[tuple[int, int, str]] = []
+    cur: list[Word] = []
+    for w in words:
+        if cur:
+            text = " ".join(x.word for x in [*cur, w])
+            if len(text) > max_chars or w.end_ms - cur[0].start_ms > max_ms or w.start_ms - cur[-1].end_ms > gap_ms:
+                cues.append((cur[0].start_ms, cur[-1].end_ms, " ".join(x.word for x in cur)))
+                cur = []
+        cur.append(w)
+    if cur:
+        cues.append((cur[0].start_ms, cur[-1].end_ms, " ".join(x.word for x in cur)))
+    return cues
+
+
+def to_srt(words: Sequence[Word]) -> str:
+    """A SubRip file's text: numbered cues from 1, `HH:MM:SS,mmm --> HH:MM:SS,mmm`, a blank line after each."""
+    return "".join(f"{i}\n{srt_time(a)} --> {srt_time(b)}\n{text}\n\n"
+                   for i, (a, b, text) in enumerate(subtitle_cues(words), 1))
