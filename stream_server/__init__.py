@@ -6,7 +6,8 @@ It speaks two dialects on one path — vLLM's (`vllm_dialect.py`) and OpenAI's R
 
 It talks to the engine only through `realtime.serving` (the `TranscriptionEngine` protocol and its
 events); beyond that it uses `realtime.model_store` to load models (in `engine_factory.py`),
-`realtime.audio` for PCM decoding and resampling, and `realtime.config` constants.
+`realtime.audio` for PCM decoding and resampling, `realtime.config` constants, and `realtime.timestamps` /
+`realtime.subtitles` for word times and subtitles (shared with the offline CLI).
 
     python -m stream_server --model default --port 8000
 
