@@ -5,7 +5,8 @@
     arecord -q -f S16_LE -r 16000 -c 1 -t raw | python -m stream_server.client -          # the microphone
     ffmpeg -loglevel quiet -i INPUT -f s16le -ar 16000 -ac 1 - | python -m stream_server.client -
 
-It speaks the vLLM dialect of `/v1/realtime`, so it works with vLLM's server too. Files: WAV/FLAC/Ogg at any rate
+It speaks the vLLM dialect of `/v1/realtime` (so it works with vLLM's server too), or with `--turns` the OpenAI
+dialect with server VAD: one line per spoken turn, for long live sessions. Files: WAV/FLAC/Ogg at any rate
 and channel count (resampled to 16 kHz mono); `-`: raw PCM16 little-endian mono 16 kHz on stdin.
 
 stdout gets the transcript as the deltas arrive, then a newline (`--json`: every server event as one JSON line
@@ -54,6 +55,7 @@ class ClientOptions:
     ca_file: str | None = None
     json_events: bool = False
     srt: Path | None = None  # subtitles from the final event's words
+    turns: bool = False  # OpenAI dialect with server VAD: one line per spoken turn
 
 
 def write_srt(path: Path, words: list[dict[str, Any]]) -> int:
@@ -113,15 +115,45 @@ async def stream_chunks(stream: BinaryIO, chunk_ms: int, err: TextIO) -> AsyncIt
         print("streamscribe: the input ended in the middle of a sample: its last byte was not sent", file=err)
 
 
+OPENAI_DELTA = "conversation.item.input_audio_transcription.delta"
+OPENAI_COMPLETED = "conversation.item.input_audio_transcription.completed"
+OPENAI_FAILED = "conversation.item.input_audio_transcription.failed"
+
+
+def setup_event(opts: ClientOptions) -> dict[str, Any]:
+    """The session.update each mode sends: vLLM's (one utterance), or OpenAI's with server VAD (`--turns`)."""
+    if opts.turns:
+        transcription: dict[str, Any] = {"model": opts.model or ""}
+        if opts.delay_ms is not None:
+            transcription["transcription_delay_ms"] = opts.delay_ms
+        return {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": RATE}, "transcription": transcription,
+            "turn_detection": {"type": "server_vad"}}}}}
+    update: dict[str, Any] = {"type": "session.update", "model": opts.model or ""}
+    if opts.delay_ms is not None:
+        update["transcription_delay_ms"] = opts.delay_ms
+    return update
+
+
 async def transcribe_live(opts: ClientOptions, chunks: AsyncIterator[bytes], out: TextIO, err: TextIO,
                           stop: asyncio.Event) -> int:
-    """One utterance: `chunks` until they end or `stop` is set, then the final commit and the final transcript."""
+    """`chunks` until they end or `stop` is set, then the end of input and every final transcript.
+
+    One utterance (vLLM dialect): its text streams to `out`, then a newline at its `transcription.done`. With
+    `opts.turns` (OpenAI dialect, server VAD): one line per turn the server detects, ended at its `completed`; the
+    end of input commits the turn being spoken, and the client waits until every turn it saw has completed."""
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else None
+    url = realtime_url(opts.url) + ("?intent=transcription" if opts.turns else "")
     errors = 0
 
     def show(event: dict[str, Any]) -> None:
         if opts.json_events:
             out.write(json.dumps(event) + "\n")
+            out.flush()
+
+    def write(text: str) -> None:
+        if not opts.json_events:
+            out.write(text)
             out.flush()
 
     def report(event: dict[str, Any]) -> str | None:
@@ -131,19 +163,22 @@ async def transcribe_live(opts: ClientOptions, chunks: AsyncIterator[bytes], out
         errors += 1
         return code
 
+    def finish(words: list[dict[str, Any]]) -> int:
+        if opts.srt is not None:
+            cues = write_srt(opts.srt, words)
+            print(f"streamscribe: {cues} subtitle(s) written to {opts.srt}", file=err)
+        return 1 if errors else 0
+
     try:
-        async with websockets.connect(realtime_url(opts.url), additional_headers=headers, max_size=None,
-                                      open_timeout=15, **client_keepalive(None if opts.pace == 0 else 1.0),
+        async with websockets.connect(url, additional_headers=headers, max_size=None, open_timeout=15,
+                                      **client_keepalive(None if opts.pace == 0 else 1.0),
                                       **client_tls(opts.ca_file)) as ws:
             created = json.loads(await ws.recv())
             show(created)
             if created.get("type") == "error":
                 report(created)
                 return 1
-            update: dict[str, Any] = {"type": "session.update", "model": opts.model or ""}
-            if opts.delay_ms is not None:
-                update["transcription_delay_ms"] = opts.delay_ms
-            await ws.send(json.dumps(update))
+            await ws.send(json.dumps(setup_event(opts)))
             updated = json.loads(await ws.recv())
             show(updated)
             if updated.get("type") == "error":
@@ -152,7 +187,9 @@ async def transcribe_live(opts: ClientOptions, chunks: AsyncIterator[bytes], out
             if updated.get("type") != "session.updated":
                 print(f"streamscribe: unexpected answer to session.update: {updated.get('type')}", file=err)
                 return 1
-            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            if not opts.turns:
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))  # the utterance starts
+            end_event = {"type": "input_audio_buffer.commit", **({} if opts.turns else {"final": True})}
 
             async def send() -> None:
                 # the next chunk or Ctrl-C, whichever comes first (a live pipe may be silent for long)
@@ -172,32 +209,46 @@ async def transcribe_live(opts: ClientOptions, chunks: AsyncIterator[bytes], out
                         await ws.send(json.dumps(append_event(chunk)))
                 finally:
                     stopped.cancel()
-                await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+                await ws.send(json.dumps(end_event))
 
             sender = asyncio.create_task(send())
-            delta_words: list[dict[str, Any]] = []
+            words: list[dict[str, Any]] = []  # vLLM: from the deltas; turns: from each completed turn
+            open_turns: set[str] = set()
+            end_answered = False  # turns: the server has handled our end-of-input commit
             try:
                 async for raw in ws:
                     event = json.loads(raw)
                     show(event)
                     kind = event.get("type")
                     if kind == "transcription.delta":
-                        delta_words += event.get("words") or []
-                        if not opts.json_events:
-                            out.write(event.get("delta", ""))
-                            out.flush()
+                        words += event.get("words") or []
+                        write(event.get("delta", ""))
                     elif kind == "transcription.done":
-                        if not opts.json_events:
-                            out.write("\n")
-                            out.flush()
-                        if opts.srt is not None:
-                            # the final event lists every word, or past 4096 words only those no delta carried
-                            words = event.get("words") or []
-                            cues = write_srt(opts.srt, delta_words + words if event.get("words_truncated") else words)
-                            print(f"streamscribe: {cues} subtitle(s) written to {opts.srt}", file=err)
-                        return 1 if errors else 0
-                    elif kind == "error" and report(event) in FATAL_CODES:
-                        return 1
+                        write("\n")
+                        # the final event lists every word, or past 4096 words only those no delta carried
+                        final = event.get("words") or []
+                        return finish(words + final if event.get("words_truncated") else final)
+                    elif kind in ("input_audio_buffer.speech_started", "input_audio_buffer.committed", OPENAI_DELTA):
+                        open_turns.add(str(event.get("item_id")))
+                        if kind == OPENAI_DELTA:
+                            write(event.get("delta", ""))
+                        if kind == "input_audio_buffer.committed" and sender.done():
+                            end_answered = True
+                    elif kind in (OPENAI_COMPLETED, OPENAI_FAILED):
+                        open_turns.discard(str(event.get("item_id")))
+                        if kind == OPENAI_COMPLETED:
+                            words += event.get("words") or []
+                            write("\n")
+                        else:
+                            report(event)
+                    elif kind == "error":
+                        code, _ = error_code_message(event)
+                        if opts.turns and code == "input_audio_buffer_commit_empty" and sender.done():
+                            end_answered = True  # nobody was speaking when the input ended: nothing to finish
+                        elif report(event) in FATAL_CODES:
+                            return 1
+                    if opts.turns and end_answered and not open_turns:
+                        return finish(words)
                 print("streamscribe: the server closed the connection before the final transcript", file=err)
                 return 1
             finally:
@@ -225,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ca-file", default=None, help="wss:// to a self-signed server: trust this PEM certificate")
     p.add_argument("--json", action="store_true", help="print every server event as a JSON line")
     p.add_argument("--srt", type=Path, default=None, help="also write SubRip subtitles (from the word timings)")
+    p.add_argument("--turns", action="store_true",
+                   help="one line per spoken turn (OpenAI dialect, the server's voice activity detection) instead of "
+                        "one utterance: for long live sessions")
     return p
 
 
@@ -245,7 +299,7 @@ def main(argv: list[str] | None = None, *, stdin: BinaryIO | None = None, out: T
     if model is None:  # what /v1/models lists first ("" lets the server pick its default)
         model = fetch_model(args.url, api_key, ca_file=args.ca_file)
     opts = ClientOptions(url=args.url, model=model, api_key=api_key, delay_ms=args.delay_ms, chunk_ms=args.chunk_ms,
-                         pace=args.pace, ca_file=args.ca_file, json_events=args.json, srt=args.srt)
+                         pace=args.pace, ca_file=args.ca_file, json_events=args.json, srt=args.srt, turns=args.turns)
     pcm: np.ndarray | None = None
     if args.source != "-":
         try:

@@ -181,3 +181,24 @@ def test_offline_cli_reports_the_words_and_subtitles_the_server_does(start_serve
     assert done["type"] == "transcription.done" and len(offline_words) >= 3
     assert offline_words == done["words"]
     assert (tmp_path / "offline.srt").read_text() == (tmp_path / "live.srt").read_text()
+
+
+def test_turns_mode_prints_one_line_per_spoken_turn(start_server, reference, tmp_path):
+    """`--turns`: the server's VAD cuts the speech into turns, one line each, each the single-session transcript of
+    its turn's audio; input that ends mid-speech still gets its last turn."""
+    srv = start_server()
+    sil = lambda s: np.zeros(int(s * 16000), np.float32)  # noqa: E731
+    # ends while the VAD still hears speech (the second clip's first 0.6 s: its probability stays high only so long)
+    audio = np.concatenate([sil(1.0), clip(1.2, 21), sil(1.5), clip(1.0, 22)[:9600]])
+    path = wav(tmp_path, audio)
+    rc, out, err = run_client(path, "--url", srv.ws_url, "--pace", "0", "--turns", "--json")
+    assert rc == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    starts = [e for e in events if e["type"] == "input_audio_buffer.speech_started"]
+    completed = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert len(starts) == len(completed) == 2
+    for start, done in zip(starts, completed):
+        assert done["transcript"] == reference(audio[start["audio_start_ms"] * 16: done["audio_end_ms"] * 16])
+    assert completed[1]["audio_end_ms"] == len(audio) * 1000 // 16000  # the last turn ran to the end of input
+    rc, out, err = run_client(path, "--url", srv.ws_url, "--pace", "0", "--turns")
+    assert rc == 0 and out == "".join(d["transcript"] + "\n" for d in completed), err
