@@ -32,7 +32,10 @@ def subtitle_cues(words: Sequence[Word], *, max_chars: int = 42, max_ms: int = 6
     return cues
 
 
-def to_srt(words: Sequence[Word]) -> str:
+def format_srt(cues: Sequence[tuple[int, int, str]]) -> str:
     """A SubRip file's text: numbered cues from 1, `HH:MM:SS,mmm --> HH:MM:SS,mmm`, a blank line after each."""
-    return "".join(f"{i}\n{srt_time(a)} --> {srt_time(b)}\n{text}\n\n"
-                   for i, (a, b, text) in enumerate(subtitle_cues(words), 1))
+    return "".join(f"{i}\n{srt_time(a)} --> {srt_time(b)}\n{text}\n\n" for i, (a, b, text) in enumerate(cues, 1))
+
+
+def to_srt(words: Sequence[Word]) -> str:
+    return format_srt(subtitle_cues(words))

@@ -43,6 +43,13 @@ def _nonneg_float(text: str) -> float:
     return v
 
 
+def _nonneg_int(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
 def _positive_int(text: str) -> int:
     v = int(text)
     if v <= 0:
@@ -89,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="browser origins allowed besides the server's own (scheme://host[:port], or *); "
                         "default: the server's own and localhost")
     p.add_argument("--max-sessions", type=_positive_int, default=64)
-    p.add_argument("--max-sessions-per-client", type=int, default=0,
+    p.add_argument("--max-sessions-per-client", type=_nonneg_int, default=0,
                    help="sessions one client may hold at once (0: no limit): per API key when keys are set, else "
                         "per client address")
     p.add_argument("--idle-timeout", type=_nonneg_float, default=30.0, help="seconds (0 disables)")
@@ -136,7 +143,7 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
         host=args.host, port=args.port, served_model_names=names, api_keys=tuple(keys),
         allow_no_auth=args.allow_no_auth,
         allowed_origins=tuple(args.allowed_origins) if args.allowed_origins else None,
-        max_sessions=args.max_sessions, max_sessions_per_client=max(0, args.max_sessions_per_client),
+        max_sessions=args.max_sessions, max_sessions_per_client=args.max_sessions_per_client,
         idle_timeout_s=args.idle_timeout if args.idle_timeout > 0 else float("inf"),
         max_message_bytes=args.max_message_bytes, max_pending_audio_s=args.max_pending_audio,
         ping_interval_s=args.ping_interval or None, ping_timeout_s=args.ping_timeout or None,

@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, TextIO
 import numpy as np
 import websockets
 
-from realtime.subtitles import subtitle_cues, to_srt
+from realtime.subtitles import format_srt, subtitle_cues
 from realtime.timestamps import Word
 
 from .loadtest import RATE, append_event, client_keepalive, client_tls, error_code_message, fetch_model, load_pcm16
@@ -60,9 +60,9 @@ class ClientOptions:
 
 def write_srt(path: Path, words: list[dict[str, Any]]) -> int:
     """SubRip file of the final event's `words`; returns the number of cues."""
-    parsed = [Word(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in words]
-    path.write_text(to_srt(parsed), encoding="utf-8")
-    return len(subtitle_cues(parsed))
+    cues = subtitle_cues([Word(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in words])
+    path.write_text(format_srt(cues), encoding="utf-8")
+    return len(cues)
 
 
 def realtime_url(url: str) -> str:

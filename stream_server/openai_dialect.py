@@ -136,9 +136,10 @@ class OpenAIDialect:
     def session_created(self) -> dict[str, Any]:
         return {"type": "session.created", "event_id": self.new_event_id(), "session": self._session()}
 
-    def error_event(self, err: ProtocolError, client_event_id: str | None) -> dict[str, Any]:
+    @staticmethod
+    def error_event(err: ProtocolError, client_event_id: str | None) -> dict[str, Any]:
         message = err.message if not err.detail else f"{err.message} ({err.detail})"
-        return {"type": "error", "event_id": self.new_event_id(), "error": {
+        return {"type": "error", "event_id": OpenAIDialect.new_event_id(), "error": {
             "type": "server_error" if err.code in SERVER_ERROR_CODES else "invalid_request_error",
             "code": err.code, "message": message, "param": err.param, "event_id": client_event_id}}
 

@@ -34,6 +34,7 @@ from .events import ProtocolError, dumps
 from .http import HttpRoutes, error_response
 from .metrics import Metrics
 from .openai_dialect import OpenAIDialect
+from .vllm_dialect import VllmDialect
 from .settings import REALTIME_PATH, ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -229,11 +230,8 @@ class StreamServer:
                       reason: str) -> None:
         self.metrics.rejected.inc(err.code)
         self.metrics.errors.inc(err.code)
-        if wants_openai(query):
-            event: dict[str, Any] = {"type": "error", "event_id": OpenAIDialect.new_event_id(), "error": {
-                "type": "server_error", "code": err.code, "message": err.message, "param": None, "event_id": None}}
-        else:
-            event = {"type": "error", "error": err.message, "code": err.code}
+        # no session exists: the error event in the shape the client's dialect would get it (see Connection)
+        event = (OpenAIDialect if wants_openai(query) else VllmDialect).error_event(err, None)
         try:
             await ws.send(dumps(event))
             await ws.close(close_code, reason)

@@ -73,7 +73,8 @@ class VllmDialect:
         return {"type": "session.created", "id": self.conn.session_id, "created": self.conn.created,
                 "event_id": OpenAIDialect.new_event_id(), "session": OpenAIDialect.default_session(self.conn)}
 
-    def error_event(self, err: ProtocolError, client_event_id: str | None) -> dict[str, Any]:
+    @staticmethod
+    def error_event(err: ProtocolError, client_event_id: str | None) -> dict[str, Any]:
         event: dict[str, Any] = {"type": "error", "error": err.message, "code": err.code}
         if err.detail:
             event["detail"] = err.detail

@@ -22,6 +22,7 @@ loop and engine (on the same device).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -78,7 +79,8 @@ def run_workers(argv: list[str], *, workers: int, host: str, port: int, kv_memor
                 ready = Path(tmp) / f"worker{k}.ready"
                 procs.append(subprocess.Popen(worker_argv(argv, port=port, ready_file=ready,
                                                           kv_fraction=kv_memory_fraction / (workers - k)),
-                                              start_new_session=True, preexec_fn=_die_with_parent))
+                                              start_new_session=True,
+                                              preexec_fn=functools.partial(_die_with_parent, os.getpid())))
                 deadline = time.monotonic() + start_timeout_s
                 while not ready.exists():
                     if stopping:
@@ -115,16 +117,17 @@ def run_workers(argv: list[str], *, workers: int, host: str, port: int, kv_memor
     return rc
 
 
-def _die_with_parent() -> None:
-    """In a worker, before it runs: SIGTERM it (a graceful stop) when the supervisor dies, even by SIGKILL, so that
-    no worker is left holding the port. Linux only (prctl); elsewhere workers outlive a killed supervisor."""
+def _die_with_parent(supervisor: int) -> None:
+    """In a worker, before it runs: SIGTERM it (a graceful stop) when the supervisor (pid `supervisor`) dies, even by
+    SIGKILL, so that no worker is left holding the port. Linux only (prctl); elsewhere workers outlive a killed
+    supervisor."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    if os.getppid() == 1:  # the supervisor died before the prctl: no signal would ever come
+    if os.getppid() != supervisor:  # it died before the prctl (we were adopted): no signal would ever come
         os.kill(os.getpid(), signal.SIGTERM)
 
 

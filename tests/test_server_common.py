@@ -119,6 +119,24 @@ async def recv_until(ws: ClientConnection, types: set[str], timeout: float = REC
             return out
 
 
+def session(fmt: dict[str, Any] | None = None, turn_detection: Any = None, **transcription: Any) -> dict[str, Any]:
+    return {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+        "format": fmt or {"type": "audio/pcm", "rate": 16000},
+        "transcription": {"model": MODEL, **transcription},
+        "turn_detection": turn_detection}}}}
+
+
+async def open_openai(url: str, update: dict[str, Any] | None = None, *, intent: bool = True, **kw: Any):
+    ws = await connect(url + ("?intent=transcription" if intent else ""), **kw)
+    created = await recv_json(ws)
+    assert created["type"] == "session.created" and created["session"]["type"] == "transcription"
+    if update is not None:
+        await send_json(ws, update)
+        ev = await recv_json(ws)
+        assert ev["type"] == "session.updated", ev
+    return ws
+
+
 async def open_vllm(url: str, model: str = MODEL, **connect_kw: Any) -> ClientConnection:
     ws = await connect(url, **connect_kw)
     created = await recv_json(ws)

@@ -15,14 +15,15 @@ from test_server_common import (  # noqa: F401  (fixtures)
     clip,
     engine,
     fresh_vllm_utterance,
+    open_openai,
     pcm16,
     recv_json,
     recv_until,
     reference,
     send_json,
+    session,
     start_server,
 )
-from websockets.asyncio.client import connect
 
 from realtime.audio import resample
 from stream_server.codecs import ALAW_TO_PCM16, ULAW_TO_PCM16
@@ -30,24 +31,6 @@ from stream_server.codecs import ALAW_TO_PCM16, ULAW_TO_PCM16
 SHORT = clip(0.5, seed=31)
 COMPLETED = "conversation.item.input_audio_transcription.completed"
 DELTA = "conversation.item.input_audio_transcription.delta"
-
-
-def session(fmt: dict[str, Any] | None = None, turn_detection: Any = None, **transcription: Any) -> dict[str, Any]:
-    return {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
-        "format": fmt or {"type": "audio/pcm", "rate": 16000},
-        "transcription": {"model": MODEL, **transcription},
-        "turn_detection": turn_detection}}}}
-
-
-async def open_openai(url: str, update: dict[str, Any] | None = None, *, intent: bool = True, **kw: Any):
-    ws = await connect(url + ("?intent=transcription" if intent else ""), **kw)
-    created = await recv_json(ws)
-    assert created["type"] == "session.created" and created["session"]["type"] == "transcription"
-    if update is not None:
-        await send_json(ws, update)
-        ev = await recv_json(ws)
-        assert ev["type"] == "session.updated", ev
-    return ws
 
 
 async def manual_item(ws, payload: bytes, chunk: int = 3200) -> tuple[list[dict[str, Any]], dict[str, Any]]:

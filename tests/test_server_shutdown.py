@@ -22,12 +22,14 @@ from test_server_common import (  # noqa: F401  (fixtures)
     ckpt,
     clip,
     engine,
+    open_openai,
     open_vllm,
     pcm16,
     recv_json,
     recv_until,
     reference,
     send_json,
+    session,
     start_server,
     utterance_vllm,
     wait_no_streams,
@@ -82,11 +84,7 @@ async def test_shutdown_finishes_every_running_turn_then_closes_going_away(start
     await append_all(b, CLIP_B)
     await barrier(b)
     # an OpenAI manual turn in progress
-    c = await connect(srv.ws_url + "?intent=transcription")
-    await recv_json(c)
-    await send_json(c, {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
-        "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}}})
-    assert (await recv_json(c))["type"] == "session.updated"
+    c = await open_openai(srv.ws_url, session())
     await append_all(c, CLIP_C)
     await barrier(c)
 
@@ -164,11 +162,7 @@ async def test_server_vad_turn_in_speech_is_finished_and_silence_is_not_a_turn(s
     vad = {"type": "server_vad", "silence_duration_ms": 3000}  # longer than the audio: the turn is still open
 
     async def open_vad(audio) -> object:
-        ws = await connect(srv.ws_url + "?intent=transcription")
-        await recv_json(ws)
-        await send_json(ws, {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
-            "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": vad}}}})
-        assert (await recv_json(ws))["type"] == "session.updated"
+        ws = await open_openai(srv.ws_url, session(turn_detection=vad))
         await append_all(ws, audio)
         return ws
 
