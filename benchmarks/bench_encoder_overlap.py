@@ -103,9 +103,6 @@ MODES = {  # name: (the runner's encoder stream, encode ahead, the parts of a st
     "serial": (False, False, "both"),
     "ahead_one_stream": (False, True, "both"),
     "ahead_encoder_stream": (True, True, "both"),
-    # the encoder two tokens ahead: the encoder of step k+2 runs beside the LM of steps k and k+1, so an LM step
-    # never waits for an encoder chain queued during the step before it
-    "ahead2_encoder_stream": (True, 2, "both"),
     "lm_only": (False, False, "lm"),  # the LM step alone: the chain that the encoder's stream runs beside
     "encoder_only": (False, False, "encoder"),
     "encoder_only_own_stream": (True, False, "encoder"),  # the same on the encoder's stream (its SMs: encoder_sms_N)

@@ -88,10 +88,8 @@ class SyntheticStreams:
         # ahead: in the engine's order (`BatchedEngine._run_step` with encode_ahead): the LM step, its token
         # copy, then the next token's encoder (on the encoder's stream when the runner has one); else
         # each step encodes its own token first
-        # ahead (an int): how many tokens beyond the step's own the encoder keeps encoded (True: 1, the engine's
-        # default; 2: the encoder of step k+2 runs beside the LM of steps k and k+1)
-        self.ahead = int(ahead)
-        self._encoded = 0  # tokens encoded beyond the next step's position
+        self.ahead = ahead
+        self._encoded = False  # ahead: the next step's token is encoded
         self._copy = TokenCopy(n, runner.device)
         c = runner.cfg
         self.fpt = c.streaming.downsample_factor
@@ -121,21 +119,16 @@ class SyntheticStreams:
             r.fence.wait()
             self.lm_pos = [p + 1 for p in self.lm_pos]
             return
-        if self._encoded == 0 and self.parts == "both":
+        if not self._encoded and self.parts == "both":
             r.encoder.run(1, self.host_mel, self.slots, self.lm_pos)
-            self._encoded = 1
         mark("encoder")
         ids = r.decode(self.slots, self.lm_pos, self.tokens, self.delays)
         mark("decode")
         queued = r.fence.mark()
         self._copy.start(ids)  # the device -> host copy of a real step
-        if self.parts == "both":
-            # tokens lm_pos .. lm_pos + encoded - 1 are encoded; keep `ahead` beyond this step's
-            while self._encoded <= self.ahead:
-                r.encoder.run(1, self.host_mel, self.slots, [p + self._encoded for p in self.lm_pos],
-                              ahead=self._encoded)
-                self._encoded += 1
-            self._encoded -= 1
+        if self.ahead and self.parts == "both":
+            r.encoder.run(1, self.host_mel, self.slots, [p + 1 for p in self.lm_pos], ahead=True)
+        self._encoded = self.ahead
         self.tokens = self._copy.wait()
         r.fence.passed(queued)  # as the engine does: the staging copies queued before the tokens have run
         self.lm_pos = [p + 1 for p in self.lm_pos]

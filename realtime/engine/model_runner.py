@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -222,11 +221,8 @@ class ModelRunner:
         self.favoured = favoured_chain(opts)
         self.encoder_rows = encoder_rows_for(opts)
         self.enc_stream = self._encoder_stream(opts) if opts.encoder_stream and dev.type == "cuda" else None
-        # ahead encoder calls the main stream has not waited for yet, in issue order: (event recorded after the
-        # call, the LM step that first reads its rows: `on_encoder_stream`), and finished events for reuse
-        self._enc_pending: deque[tuple[torch.cuda.Event, int]] = deque()
-        self._enc_free: list[torch.cuda.Event] = []
-        self._lm_steps = 0  # LM decode steps queued so far (`decode`): the clock of `_enc_pending`
+        self._enc_done = torch.cuda.Event() if self.enc_stream is not None else None
+        self._enc_pending = False  # an ahead encoder call the main stream has not waited for yet
         self._enc_waits_main = False  # main-stream writes (admission) the encoder stream must wait for
         self.one_row_decode = self._wants_one_row_decode()
         self.seq_ids = torch.arange(b, dtype=i32, device=dev)
@@ -298,22 +294,20 @@ class ModelRunner:
 
     # -- the encoder's CUDA stream ---------------------------------------------------------------
     @contextmanager
-    def on_encoder_stream(self, ahead: int) -> Iterator[None]:
+    def on_encoder_stream(self, ahead: bool) -> Iterator[None]:
         """Queue the encoder work of the block on the encoder's stream (CUDA; elsewhere as usual).
 
         The encoder owns its state (conv states, encoder KV, sample buffers, its metadata staging); the
-        LM reads only the audio cache rows it writes. A call for the current step (`ahead=0`)
-        makes the main stream wait for it right away, as one stream would. An ahead call (`ahead=n`: audio
-        that the n-th LM step from now reads first; True is 1, the next step's) is waited for by that LM step
-        (`join_encoder_for_step`) or by any other user of the encoder's rows first (`join_encoder`):
-        look-ahead, admission. It may run beside work already queued on the main stream because that work
-        reads other ring rows (positions below the ones written: see `runner_options_for` in `speculation`)
-        and the host has waited for every earlier step's tokens. Staging copies stay safe: an encoder call's
-        staging ring (`LookaheadEncoder`) holds a set per LM step that may pass before the main stream waits
-        for the call (`encoder_lead`), and the host waits for each step's token copy (`CopyFence`);
-        `CopyFence.wait` synchronises the device. The encoder's graphs are captured on a stream of their own
-        (`LookaheadEncoder`): graphs captured on one stream share a cuBLAS workspace and must not run side
-        by side."""
+        LM reads only the audio cache rows it writes. A call for the current step (`ahead=False`)
+        makes the main stream wait for it right away, as one stream would. An ahead call (the next
+        step's audio) is waited for by the next user of its rows (`join_encoder`): LM steps, look-ahead,
+        admission. It may run beside work already queued on the main stream because that work reads
+        other ring rows (positions below the ones written: see `runner_options_for` in `speculation`)
+        and the host has waited for every earlier step's tokens. Staging copies stay safe: every
+        encoder call is waited for by the main stream before the next step's token copy is queued
+        (`CopyFence` tickets), and `CopyFence.wait` synchronises the device. The encoder's graphs are
+        captured on a stream of their own (`LookaheadEncoder`): graphs captured on one stream share a
+        cuBLAS workspace and must not run side by side."""
         if self.enc_stream is None:
             yield
             return
@@ -321,15 +315,13 @@ class ModelRunner:
         self.encoder_after_admissions()
         with torch.cuda.stream(self.enc_stream):
             yield
-        done = self._enc_free.pop() if self._enc_free else torch.cuda.Event()
-        done.record(self.enc_stream)
+        assert self._enc_done is not None
+        self._enc_done.record(self.enc_stream)
         if ahead:
-            self._enc_pending.append((done, self._lm_steps + int(ahead) - 1))
-        else:  # the stream runs in order: waiting for this call waits for every call before it
-            main.wait_event(done)
-            self._enc_free.append(done)
-            self._enc_free.extend(e for e, _ in self._enc_pending)
-            self._enc_pending.clear()
+            self._enc_pending = True
+        else:
+            main.wait_event(self._enc_done)
+            self._enc_pending = False
 
     def encoder_after_admissions(self) -> None:
         """The encoder's stream waits for the main-stream writes of admissions so far (zeroed conv states,
@@ -341,26 +333,11 @@ class ModelRunner:
             self._enc_waits_main = False
 
     def join_encoder(self) -> None:
-        """The main stream waits for every ahead encoder call not waited for yet."""
-        self._join_encoder_upto(len(self._enc_pending))
-
-    def join_encoder_for_step(self) -> None:
-        """The main stream waits for the ahead encoder calls that the LM step queued next reads (and the calls
-        before them: the encoder's stream runs in order), not for calls further ahead."""
-        n = 0
-        for i, (_, due) in enumerate(self._enc_pending):
-            if due <= self._lm_steps:
-                n = i + 1
-        self._join_encoder_upto(n)
-
-    def _join_encoder_upto(self, n: int) -> None:
-        if n == 0:
-            return
-        for _ in range(n - 1):
-            self._enc_free.append(self._enc_pending.popleft()[0])
-        done, _ = self._enc_pending.popleft()
-        torch.cuda.current_stream(self.device).wait_event(done)
-        self._enc_free.append(done)
+        """The main stream waits for the encoder's last ahead call (if any is not waited for yet)."""
+        if self._enc_pending:
+            assert self._enc_done is not None
+            torch.cuda.current_stream(self.device).wait_event(self._enc_done)
+            self._enc_pending = False
 
     # -- audio ---------------------------------------------------------------------------------
     def log_mel(self, windows: torch.Tensor, frames: int) -> torch.Tensor:
@@ -409,8 +386,7 @@ class ModelRunner:
         """LM position `positions[i]` of the stream in cache slot `slots[i]`, whose input token is
         `tokens[i]`; the merge `embed(token) + audio` runs inside the step (gather-add kernel)."""
         b = len(slots)
-        self.join_encoder_for_step()  # the merge reads the audio rows ahead encoder calls wrote
-        self._lm_steps += 1
+        self.join_encoder()  # the merge reads the audio rows an ahead encoder call wrote
         h = self.meta.begin()  # every row starts as padding: rows b.. of a graph bucket stay padding
         pos = np.asarray(positions, dtype=np.int64)
         slot_a = np.asarray(slots, dtype=np.int64)
