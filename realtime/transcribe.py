@@ -1,10 +1,19 @@
-"""Offline transcription of an audio file: the transcript alone on stdout, logs on stderr.
+"""Offline transcription of audio files: the transcripts alone on stdout, logs on stderr.
 
-    python -m realtime.transcribe --model DIR|default FILE.wav [--delay-ms 480] [--device cpu] [--dtype fp32]
-        [--srt OUT.srt] [--words OUT.json]
+    python -m realtime.transcribe [--model DIR|default] FILE... [--delay-ms 480] [--device cpu|cuda] [--dtype fp32]
+        [--drafter DIR|none] [--k K] [--tree-nodes M] [--batch N] [--srt OUT.srt] [--words OUT.json] [--reference]
+
+One file: its transcript alone; several: one `FILE<TAB>TRANSCRIPT` line each, in the order given (line breaks in a
+transcript become spaces there).
+
+The files go through the batched engine (`realtime/engine/offline.py`): whole files are backlogged audio, so with a
+drafter every step verifies several frames (lossless speculative decoding: the tokens are the ones decoding without
+it gives; issue 5). The embedded model uses its embedded drafter unless `--drafter none`; other checkpoints decode
+without one unless `--drafter DIR` names one distilled for them. `--reference` runs the single-stream streaming
+session instead (`realtime/session.py`, the engine's correctness reference: the same tokens, slower).
 
 `--words` writes every word with its audio span (`[{"word", "start_ms", "end_ms"}, ...]`, the conventions of
-`realtime/timestamps.py`: the same words a streaming server reports), `--srt` SubRip subtitles from them.
+`realtime/timestamps.py`: the same words a streaming server reports), `--srt` SubRip subtitles from them (one file).
 """
 
 from __future__ import annotations
@@ -16,51 +25,116 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .audio import AudioError, load_audio_file
 from .config import ConfigError
+from .engine.offline import DTYPES, default_dtype, offline_options, run_summary, speculative_config, transcribe_batch
 from .loader import CheckpointError
-from .model_store import load_model_and_tokenizer
-from .session import transcribe
+from .model import VoxtralRealtime
+from .model_store import default_drafter_dir, load_model_and_tokenizer
+from .session import TranscriptionResult, transcribe
 from .subtitles import to_srt
 from .timestamps import TokenClock, words_of_tokens
-from .tokenizer import TokenizerError
+from .tokenizer import TextTokenizer, TokenizerError
 
 logger = logging.getLogger("realtime.transcribe")
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Transcribe a WAV/FLAC/Ogg file with a Voxtral-Realtime-style model.")
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description="Transcribe WAV/FLAC/Ogg files with a Voxtral-Realtime-style model.")
     ap.add_argument("--model", default="default", help="checkpoint folder, or 'default' for the embedded model")
     ap.add_argument("--delay-ms", type=int, default=None, help="transcription delay (multiple of 80 ms)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", choices=sorted(_DTYPES), default="fp32")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="cpu or cuda[:N] (default: cuda when available)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on the CPU")
+    ap.add_argument("--drafter", default=None,
+                    help="Eagle drafter folder for lossless speculative decoding, or 'none' (default: the embedded "
+                         "drafter with the embedded model, none with other checkpoints)")
+    ap.add_argument("--k", type=int, default=None,
+                    help="drafts per round (default: 6 for a parallel or two-pass drafter, 4 for a chained one)")
+    ap.add_argument("--tree-nodes", type=int, default=None,
+                    help="verify a tree of this many drafts per round instead of a chain (parallel drafters)")
+    ap.add_argument("--batch", type=int, default=16, help="files decoded together (default 16)")
+    ap.add_argument("--reference", action="store_true",
+                    help="the single-stream streaming session instead of the batched engine (same tokens, slower)")
     ap.add_argument("--srt", type=Path, default=None, help="also write SubRip subtitles from the word timings")
     ap.add_argument("--words", type=Path, default=None, help="also write the words and their times (JSON)")
     ap.add_argument("-v", "--verbose", action="store_true")
-    ap.add_argument("file", help="audio file (WAV, FLAC or Ogg Vorbis/Opus, any sample rate, mono or multi-channel)")
-    args = ap.parse_args(argv)
+    ap.add_argument("files", nargs="+",
+                    help="audio files (WAV, FLAC or Ogg Vorbis/Opus, any sample rate, mono or multi-channel)")
+    return ap
+
+
+def _check(args: argparse.Namespace) -> None:
+    if (args.srt is not None or args.words is not None) and len(args.files) != 1:
+        raise ValueError("--srt and --words take one input file")
+    if args.batch < 1:
+        raise ValueError(f"--batch must be at least 1, got {args.batch}")
+    if args.k is not None and args.k < 1:
+        raise ValueError(f"--k must be at least 1, got {args.k}")
+    if args.reference and (args.drafter not in (None, "none") or args.k is not None or args.tree_nodes is not None):
+        raise ValueError("--reference decodes without a drafter: it takes no --drafter, --k or --tree-nodes")
+
+
+def one_line(text: str) -> str:
+    """A transcript on one line of the several-files output (line breaks a model may emit become spaces)."""
+    return text.strip().replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+
+
+def drafter_for(args: argparse.Namespace) -> str | Path | None:
+    """The drafter folder the run uses: --drafter, or the model's default (`model_store.default_drafter_dir`)."""
+    if args.reference or args.drafter == "none":
+        return None
+    return args.drafter if args.drafter is not None else default_drafter_dir(args.model)
+
+
+def transcribe_files(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: list[np.ndarray],
+                     args: argparse.Namespace) -> list[TranscriptionResult]:
+    t0 = time.perf_counter()
+    if args.reference:
+        results = [transcribe(model, tokenizer, a, delay_ms=args.delay_ms) for a in audios]
+        seconds = sum(a.size for a in audios) / model.config.audio.sampling_rate
+        dt = time.perf_counter() - t0
+        logger.info("%.2f s of audio in %.2f s (%.1fx real time, reference session), %d tokens", seconds, dt,
+                    seconds / max(dt, 1e-9), sum(len(r.token_ids) for r in results))
+        return results
+    drafter = drafter_for(args)
+    if args.tree_nodes is not None and drafter is None:
+        raise ValueError("--tree-nodes needs a drafter (a parallel one)")
+    spec = None
+    if drafter is not None:
+        spec = speculative_config(model, drafter, k=args.k, tree_nodes=args.tree_nodes)
+        logger.info("drafter %s (%s, k = %d)", drafter, type(spec.drafter).__name__, spec.num_speculative_tokens)
+    run = transcribe_batch(model, tokenizer, audios, delay_ms=args.delay_ms,
+                           opts=offline_options(model, len(audios), args.batch, spec), speculative=spec)
+    for line in run_summary(run, sum(a.size for a in audios) / model.config.audio.sampling_rate, spec):
+        logger.info("%s", line)
+    return run.results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        model, tokenizer = load_model_and_tokenizer(args.model, device=args.device, dtype=_DTYPES[args.dtype])
-        audio = load_audio_file(args.file, model.config.audio.sampling_rate)
-        t0 = time.perf_counter()
-        result = transcribe(model, tokenizer, audio, delay_ms=args.delay_ms)
-        dt = time.perf_counter() - t0
-    except (AudioError, ConfigError, CheckpointError, TokenizerError) as exc:
+        _check(args)
+        dtype = DTYPES[args.dtype] if args.dtype else default_dtype(args.device)
+        model, tokenizer = load_model_and_tokenizer(args.model, device=args.device, dtype=dtype)
+        audios = [load_audio_file(f, model.config.audio.sampling_rate) for f in args.files]
+        results = transcribe_files(model, tokenizer, audios, args)
+    except (AudioError, ConfigError, CheckpointError, TokenizerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    logger.info("%.2f s of audio in %.2f s (%d tokens)", audio.size / model.config.audio.sampling_rate, dt,
-                len(result.token_ids))
-    print(result.text.strip())
+    if len(args.files) == 1:
+        print(results[0].text.strip())
+    else:
+        for f, r in zip(args.files, results):
+            print(f"{f}\t{one_line(r.text)}")
     if args.srt is not None or args.words is not None:
-        cfg = model.config
+        cfg, result = model.config, results[0]
         clock = TokenClock(cfg.streaming.n_left_pad_tokens, cfg.delay_tokens(args.delay_ms), cfg.token_duration_ms)
-        audio_ms = audio.size * 1000 // cfg.audio.sampling_rate
+        audio_ms = audios[0].size * 1000 // cfg.audio.sampling_rate
         words = words_of_tokens(((ev.position, ev.text) for ev in result.events), clock, audio_ms)
         if args.words is not None:
             args.words.write_text(json.dumps([w.to_json() for w in words], indent=1), encoding="utf-8")

@@ -585,6 +585,90 @@ def test_offline_cli_with_drafter(target, tiny_ckpt, tmp_path, capsys):
         assert msg in capsys.readouterr().err
 
 
+def test_transcribe_cli_decodes_files_on_the_engine(target, tiny_ckpt, tmp_path, capsys, caplog):
+    """`python -m realtime.transcribe`: several files at once through the batched engine, with a drafter (chain or
+    tree, batched or one at a time) or without, and through the single-stream reference session: each file's
+    transcript is the session's, in the order given; one file prints its transcript alone."""
+    import soundfile as sf
+
+    from realtime.transcribe import main, one_line
+
+    model, tok = target
+    ckpt = str(tiny_ckpt(seed=1))
+    drafter = str(tmp_path / "drafter")
+    save_drafter(echo_drafter(model, cls=ParallelEagleDrafter), tmp_path / "drafter")
+    clips = [UNSEEN[0], SEEN[2], UNSEEN[2]]
+    files = []
+    for i, clip in enumerate(clips):
+        files.append(str(tmp_path / f"c{i}.wav"))
+        sf.write(files[-1], clip, 16000, subtype="FLOAT")
+    expected = [transcribe(model, tok, c).text for c in clips]
+    assert len(set(expected)) == 3
+    caplog.set_level(logging.INFO, logger="realtime.transcribe")
+    runs = {"no drafter": [], "drafter": ["--drafter", drafter], "tree": ["--drafter", drafter, "--tree-nodes", "5",
+            "--batch", "1"], "k 3, batch 2": ["--drafter", drafter, "--k", "3", "--batch", "2"],
+            "reference": ["--reference"], "none": ["--drafter", "none", "--batch", "2"]}
+    for name, extra in runs.items():
+        caplog.clear()
+        assert main(["--model", ckpt, "--device", "cpu", *extra, *files]) == 0, name
+        assert capsys.readouterr().out.splitlines() == [f"{f}\t{one_line(e)}" for f, e in zip(files, expected)], name
+        spec = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speculation (")]
+        assert len(spec) == (name not in ("no drafter", "reference", "none")), name
+        if name == "tree":
+            assert spec[0].startswith("speculation (k = 6, tree of 5 nodes)")
+        if name == "k 3, batch 2":
+            assert spec[0].startswith("speculation (k = 3)")
+    assert main(["--model", ckpt, "--device", "cpu", "--drafter", drafter, files[1]]) == 0
+    assert capsys.readouterr().out == expected[1].strip() + "\n"
+
+
+def test_transcribe_cli_refuses_bad_arguments_with_a_message(target, tiny_ckpt, tmp_path, capsys):
+    import soundfile as sf
+
+    from realtime.model_store import DEFAULT_DRAFTER_DIR
+    from realtime.transcribe import main
+
+    model, _ = target
+    save_drafter(echo_drafter(model), tmp_path / "chain")
+    a, b = str(tmp_path / "a.wav"), str(tmp_path / "b.wav")
+    sf.write(a, UNSEEN[0], 16000)
+    sf.write(b, UNSEEN[1], 16000)
+    ckpt = str(tiny_ckpt(seed=1))
+    cases = [
+        ([a, b, "--words", str(tmp_path / "w.json")], "--srt and --words take one input file"),
+        ([a, "--reference", "--drafter", str(tmp_path / "chain")], "--reference decodes without a drafter"),
+        ([a, "--tree-nodes", "5"], "--tree-nodes needs a drafter"),
+        ([a, "--drafter", str(tmp_path / "chain"), "--tree-nodes", "5"], "needs a parallel drafter"),
+        ([a, "--batch", "0"], "--batch must be at least 1"),
+        ([a, "--k", "0"], "--k must be at least 1"),
+        ([a, "--drafter", str(tmp_path / "missing")], "holds no drafter"),
+        ([a, "--drafter", str(DEFAULT_DRAFTER_DIR)], "drafter expects a target embedding of shape"),  # distilled for the embedded model
+    ]
+    for argv, msg in cases:
+        assert main(["--model", ckpt, "--device", "cpu", *argv]) == 2, argv
+        out = capsys.readouterr()
+        assert out.out == "" and msg in out.err, (argv, out.err)
+
+
+def test_embedded_model_transcribes_with_its_drafter_by_default(caplog, capsys):
+    """With the embedded model and no --drafter, `realtime.transcribe` speculates with the embedded drafter, and
+    prints what the reference session decodes; other checkpoints get no default drafter."""
+    from pathlib import Path
+
+    from realtime.model_store import DEFAULT_DRAFTER_DIR, DEFAULT_MODEL_DIR, default_drafter_dir
+    from realtime.transcribe import main
+
+    assert default_drafter_dir("default") == DEFAULT_DRAFTER_DIR == default_drafter_dir(DEFAULT_MODEL_DIR)
+    assert default_drafter_dir(Path("models/elsewhere")) is None
+    sample = str(Path(__file__).resolve().parent.parent / "demo" / "samples" / "heldout_nyc_f4.wav")
+    caplog.set_level(logging.INFO, logger="realtime.transcribe")
+    assert main(["--device", "cpu", sample]) == 0
+    fast = capsys.readouterr().out
+    assert any(r.getMessage().startswith("speculation (k = 6)") for r in caplog.records)
+    assert main(["--device", "cpu", "--reference", sample]) == 0
+    assert capsys.readouterr().out == fast and len(fast.split()) >= 4
+
+
 # ---------------------------------------------------------------------------------------------
 # Each draft step reads the audio embedding of its own position
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ import torch
 from ..audio import AudioError, as_mono_float32
 from ..model import VoxtralRealtime
 from ..serving import EngineStats, StreamDone, StreamEvent, StreamFailed, StreamToken
-from ..session import TranscriptionResult
+from ..session import TokenEvent, TranscriptionResult
 from ..tokenizer import TextTokenizer
 from .engine import BatchedEngine
 from .model_runner import RunnerOptions
@@ -44,14 +45,14 @@ class OfflineRun:
 class _Collector:
     def __init__(self) -> None:
         self.tokens: list[int] = []
-        self.texts: list[str] = []
+        self.events: list[TokenEvent] = []  # as a streaming session reports them (word timings come from these)
         self.done: StreamDone | StreamFailed | None = None
 
     def __call__(self, ev: StreamEvent) -> None:
         if isinstance(ev, StreamToken):
             if ev.token_id >= 0:
                 self.tokens.append(ev.token_id)
-            self.texts.append(ev.text)
+            self.events.append(TokenEvent(ev.token_id, ev.position, ev.text, ev.audio_end_ms))
         else:
             self.done = ev
 
@@ -85,7 +86,7 @@ def run_engine_offline(engine: BatchedEngine, audios: Sequence[np.ndarray], *, d
                 del open_[i]
                 if isinstance(col.done, StreamFailed):
                     raise RuntimeError(f"audio #{i} failed: {col.done.message}")
-                results[i] = TranscriptionResult(col.done.text, col.tokens, [], prompt_len)
+                results[i] = TranscriptionResult(col.done.text, col.tokens, col.events, prompt_len)
         if not waiting and not open_:
             break
         # the engine loop body, in this thread (same package: the engine's own step functions)
@@ -108,13 +109,53 @@ def transcribe_batch(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: S
     return run_engine_offline(engine, audios, delay_ms=delay_ms)
 
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def main(argv: list[str] | None = None) -> int:
+def default_dtype(device: str) -> torch.dtype:
+    """bf16 on CUDA, fp32 elsewhere (the command lines' default)."""
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
+def speculative_config(model: VoxtralRealtime, drafter_dir: str | Path, *, k: int | None = None,
+                       tree_nodes: int | None = None, tree_max_streams: int = 1) -> SpeculativeConfig:
+    """Load the drafter in `drafter_dir` for `model` (on its device, in its dtype) and configure speculation: `k`
+    drafts per round (None: the drafter kind's default), optionally a tree of `tree_nodes` drafts in steps where
+    at most `tree_max_streams` streams draft."""
     from speculative.capability import default_num_speculative_tokens
     from speculative.drafter import load_drafter
 
+    drafter = load_drafter(drafter_dir, target_embedding=model.language_model.embed_tokens.weight,
+                           device=model.device, dtype=model.dtype)
+    k = default_num_speculative_tokens(drafter) if k is None else k
+    return SpeculativeConfig(drafter, num_speculative_tokens=k, tree_nodes=tree_nodes,
+                             tree_max_streams=tree_max_streams if tree_nodes else None)
+
+
+def offline_options(model: VoxtralRealtime, files: int, batch: int, spec: SpeculativeConfig | None, *,
+                    cuda_graphs: bool = True, encoder_stream: bool = True) -> RunnerOptions:
+    """Engine options for `files` clips decoded `batch` at a time."""
+    n = max(1, min(batch, files))
+    k = spec.num_speculative_tokens if spec is not None else 0
+    return RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=cuda_graphs and model.device.type == "cuda",
+                         encoder_stream=encoder_stream, max_step_tokens=max(8, k + 1))
+
+
+def run_summary(run: OfflineRun, audio_seconds: float, spec: SpeculativeConfig | None) -> list[str]:
+    """The lines a command line logs after an offline run: speed, and speculation's acceptance."""
+    st = run.stats
+    lines = [f"{audio_seconds:.1f} s of audio in {run.seconds:.2f} s ({audio_seconds / max(run.seconds, 1e-9):.1f}x "
+             f"real time), {run.steps} steps, {st.tokens_emitted} tokens"]
+    if spec is not None:
+        tree = f", tree of {spec.tree_nodes} nodes" if spec.tree_nodes else ""
+        per = [round(a / d, 3) if d else 0 for a, d in zip(st.spec_accepted_per_position, st.spec_drafted_per_position)]
+        lines.append(f"speculation (k = {spec.num_speculative_tokens}{tree}): acceptance rate "
+                     f"{st.spec_acceptance_rate:.3f}, mean acceptance length {st.spec_mean_acceptance_length:.2f}, "
+                     f"per position {per}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
     from ..audio import load_audio_file
     from ..config import ConfigError
     from ..loader import CheckpointError
@@ -134,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delay-ms", type=int, default=None)
     ap.add_argument("--batch", type=int, default=16, help="streams decoded together")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--no-encoder-stream", action="store_true",
                     help="keep the encoder on the main CUDA stream (RunnerOptions.encoder_stream)")
@@ -143,39 +184,26 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
+    dtype = DTYPES[args.dtype] if args.dtype else default_dtype(args.device)
     try:
         if args.tree_nodes is not None and not args.drafter:
             raise ValueError("--tree-nodes needs --drafter (a parallel drafter)")
         model, tok = load_model_and_tokenizer(args.model, device=args.device, dtype=dtype)
         spec = None
         if args.drafter:
-            drafter = load_drafter(args.drafter, target_embedding=model.language_model.embed_tokens.weight,
-                                   device=args.device, dtype=dtype)
-            if args.k is None:
-                args.k = default_num_speculative_tokens(drafter)
-            spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k, tree_nodes=args.tree_nodes,
-                                     tree_max_streams=args.tree_max_streams if args.tree_nodes else None)
+            spec = speculative_config(model, args.drafter, k=args.k, tree_nodes=args.tree_nodes,
+                                      tree_max_streams=args.tree_max_streams)
         audios = [load_audio_file(f, model.config.audio.sampling_rate) for f in args.files]
-        n = max(1, min(args.batch, len(audios)))
-        opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=not args.no_cuda_graphs,
-                             encoder_stream=not args.no_encoder_stream, max_step_tokens=max(8, (args.k or 0) + 1))
+        opts = offline_options(model, len(audios), args.batch, spec, cuda_graphs=not args.no_cuda_graphs,
+                               encoder_stream=not args.no_encoder_stream)
         run = transcribe_batch(model, tok, audios, delay_ms=args.delay_ms, opts=opts, speculative=spec)
     except (AudioError, ConfigError, CheckpointError, TokenizerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for f, r in zip(args.files, run.results):
         print(f"{f}\t{r.text.strip()}")
-    secs = sum(a.size for a in audios) / model.config.audio.sampling_rate
-    st = run.stats
-    print(f"{secs:.1f} s of audio in {run.seconds:.2f} s ({secs / max(run.seconds, 1e-9):.1f}x real time), "
-          f"{run.steps} steps, {st.tokens_emitted} tokens", file=sys.stderr)
-    if spec is not None:
-        tree = f", tree of {args.tree_nodes} nodes" if args.tree_nodes else ""
-        print(f"speculation (k = {args.k}{tree}): acceptance rate {st.spec_acceptance_rate:.3f}, mean acceptance length "
-              f"{st.spec_mean_acceptance_length:.2f}, per position "
-              f"{[round(a / d, 3) if d else 0 for a, d in zip(st.spec_accepted_per_position, st.spec_drafted_per_position)]}",
-              file=sys.stderr)
+    for line in run_summary(run, sum(a.size for a in audios) / model.config.audio.sampling_rate, spec):
+        print(line, file=sys.stderr)
     return 0
 
 
