@@ -107,7 +107,7 @@ def transcribe_files(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: l
         spec = speculative_config(model, drafter, k=args.k, tree_nodes=args.tree_nodes)
         logger.info("drafter %s (%s, k = %d)", drafter, type(spec.drafter).__name__, spec.num_speculative_tokens)
     run = transcribe_batch(model, tokenizer, audios, delay_ms=args.delay_ms,
-                           opts=offline_options(model, len(audios), args.batch, spec), speculative=spec)
+                           opts=offline_options(len(audios), args.batch, spec), speculative=spec)
     for line in run_summary(run, sum(a.size for a in audios) / model.config.audio.sampling_rate, spec):
         logger.info("%s", line)
     return run.results

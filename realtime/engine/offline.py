@@ -132,12 +132,12 @@ def speculative_config(model: VoxtralRealtime, drafter_dir: str | Path, *, k: in
                              tree_max_streams=tree_max_streams if tree_nodes else None)
 
 
-def offline_options(model: VoxtralRealtime, files: int, batch: int, spec: SpeculativeConfig | None, *,
+def offline_options(files: int, batch: int, spec: SpeculativeConfig | None, *,
                     cuda_graphs: bool = True, encoder_stream: bool = True) -> RunnerOptions:
     """Engine options for `files` clips decoded `batch` at a time."""
     n = max(1, min(batch, files))
     k = spec.num_speculative_tokens if spec is not None else 0
-    return RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=cuda_graphs and model.device.type == "cuda",
+    return RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=cuda_graphs,  # the runner captures on CUDA only
                          encoder_stream=encoder_stream, max_step_tokens=max(8, k + 1))
 
 
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = speculative_config(model, args.drafter, k=args.k, tree_nodes=args.tree_nodes,
                                       tree_max_streams=args.tree_max_streams)
         audios = [load_audio_file(f, model.config.audio.sampling_rate) for f in args.files]
-        opts = offline_options(model, len(audios), args.batch, spec, cuda_graphs=not args.no_cuda_graphs,
+        opts = offline_options(len(audios), args.batch, spec, cuda_graphs=not args.no_cuda_graphs,
                                encoder_stream=not args.no_encoder_stream)
         run = transcribe_batch(model, tok, audios, delay_ms=args.delay_ms, opts=opts, speculative=spec)
     except (AudioError, ConfigError, CheckpointError, TokenizerError, ValueError) as exc:
