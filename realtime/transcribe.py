@@ -8,9 +8,11 @@ transcript become spaces there).
 
 The files go through the batched engine (`realtime/engine/offline.py`): whole files are backlogged audio, so with a
 drafter every step verifies several frames (lossless speculative decoding: the tokens are the ones decoding without
-it gives; issue 5). The embedded model uses its embedded drafter unless `--drafter none`; other checkpoints decode
-without one unless `--drafter DIR` names one distilled for them. `--reference` runs the single-stream streaming
-session instead (`realtime/session.py`, the engine's correctness reference: the same tokens, slower).
+it gives; issue 5). On the CPU the embedded model uses its embedded drafter unless `--drafter none`; other
+checkpoints, and every model on CUDA (where setting the speculative engine up costs more than it saves on files of a
+few minutes), decode without one unless `--drafter DIR` names one distilled for the model. `--reference` runs the
+single-stream streaming session instead (`realtime/session.py`, the engine's correctness reference: the same
+tokens in fp32, slower; in bf16 the two round differently, so a near-tie can decode otherwise).
 
 `--words` writes every word with its audio span (`[{"word", "start_ms", "end_ms"}, ...]`, the conventions of
 `realtime/timestamps.py`: the same words a streaming server reports), `--srt` SubRip subtitles from them (one file).
@@ -49,8 +51,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="cpu or cuda[:N] (default: cuda when available)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on the CPU")
     ap.add_argument("--drafter", default=None,
-                    help="Eagle drafter folder for lossless speculative decoding, or 'none' (default: the embedded "
-                         "drafter with the embedded model, none with other checkpoints)")
+                    help="Eagle drafter folder for lossless speculative decoding, or 'none' (default: on the CPU the "
+                         "embedded drafter with the embedded model; none on CUDA and with other checkpoints)")
     ap.add_argument("--k", type=int, default=None,
                     help="drafts per round (default: 6 for a parallel or two-pass drafter, 4 for a chained one)")
     ap.add_argument("--tree-nodes", type=int, default=None,
@@ -83,10 +85,17 @@ def one_line(text: str) -> str:
 
 
 def drafter_for(args: argparse.Namespace) -> str | Path | None:
-    """The drafter folder the run uses: --drafter, or the model's default (`model_store.default_drafter_dir`)."""
+    """The drafter folder the run uses: --drafter, or on the CPU the model's default (`model_store.default_drafter_dir`).
+
+    On CUDA none by default: there the speculative engine's setup (its CUDA graphs: catch-up, verify and look-ahead
+    buckets) cost more than its faster steps saved on files of up to 230 s (H100: 2.7 s against 1.8 s without a
+    drafter for one 230 s file, 3.0 against 1.0 s for five files; docs/benchmarks.md, issue 5, thirty-sixth
+    session); `--drafter DIR` still turns it on, for long files."""
     if args.reference or args.drafter == "none":
         return None
-    return args.drafter if args.drafter is not None else default_drafter_dir(args.model)
+    if args.drafter is not None:
+        return args.drafter
+    return None if str(args.device).startswith("cuda") else default_drafter_dir(args.model)
 
 
 def transcribe_files(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: list[np.ndarray],

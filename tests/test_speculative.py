@@ -660,6 +660,15 @@ def test_embedded_model_transcribes_with_its_drafter_by_default(caplog, capsys):
 
     assert default_drafter_dir("default") == DEFAULT_DRAFTER_DIR == default_drafter_dir(DEFAULT_MODEL_DIR)
     assert default_drafter_dir(Path("models/elsewhere")) is None
+    from realtime.transcribe import _parser, drafter_for
+
+    def chosen(*argv: str):
+        return drafter_for(_parser().parse_args([*argv, "a.wav"]))
+
+    # on CUDA no drafter unless named: there its graphs' setup costs more than it saves on files of a few minutes
+    assert chosen("--device", "cpu") == DEFAULT_DRAFTER_DIR and chosen("--device", "cuda:0") is None
+    assert chosen("--device", "cuda", "--drafter", "d") == "d" and chosen("--device", "cpu", "--drafter", "none") is None
+    assert chosen("--device", "cpu", "--reference") is None and chosen("--device", "cpu", "--model", "x") is None
     sample = str(Path(__file__).resolve().parent.parent / "demo" / "samples" / "heldout_nyc_f4.wav")
     caplog.set_level(logging.INFO, logger="realtime.transcribe")
     assert main(["--device", "cpu", sample]) == 0
