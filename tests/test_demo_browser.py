@@ -367,9 +367,11 @@ async def test_fake_microphone_matches_websocket_client(server: Server) -> None:
     assert len(sent) * 2 == res["sentPcm"]
     assert len(sent) >= len(ref), "the page sent less audio than the file holds"
     al = align(sent, ref)
-    # The fake device starts playing when the microphone opens; the page connects its worklet
-    # after the websocket handshake, so it misses the first fraction of a second.
-    assert len(al.lags) >= 10 and -32000 < al.lags[0] <= 0, f"the file is not in what the page sent: {al}"
+    # The fake device starts playing when the microphone opens; the page connects its worklet after the
+    # websocket handshake, so it usually misses the first fraction of a second (a negative lag). Chromium may
+    # also deliver a capture buffer or two before the file starts (a small positive lag: 160 samples, one
+    # 10 ms buffer, seen once in CI).
+    assert len(al.lags) >= 10 and -32000 < al.lags[0] <= 1600, f"the file is not in what the page sent: {al}"
     assert float(np.median(al.corrs)) > 0.95, f"what the page sent is not the file resampled to 16 kHz: {al}"
     # Chromium's own capture path may glitch once on a loaded 2-core machine; a pattern is a bug.
     assert al.anomalies <= 3, f"the page's audio has gaps, repeats or distortion: {al}"
