@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from realtime.audio import load_audio_file
 from realtime.engine.offline import default_dtype
 from realtime.model_store import load_model_and_tokenizer
-from realtime.transcribe import _parser, transcribe_files
+from realtime.transcribe import build_parser, transcribe_files
 
 MODES = {"reference": ["--reference"], "engine": ["--drafter", "none"], "drafter": [], "tree24": ["--tree-nodes", "24"]}
 
@@ -52,7 +52,7 @@ def main() -> int:
     texts: dict[str, list[str]] = {}
     for _ in range(args.repeats):  # alternated, so drift hits every mode alike
         for m in modes:
-            cli = _parser().parse_args(["--model", args.model, "--device", args.device, *MODES[m], *args.files])
+            cli = build_parser().parse_args(["--model", args.model, "--device", args.device, *MODES[m], *args.files])
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
             t0 = time.perf_counter()

@@ -26,7 +26,8 @@ def resolve_model_dir(model: str | Path) -> Path:
 def default_drafter_dir(model: str | Path) -> Path | None:
     """The drafter that goes with `model` when none is named: the embedded drafter for the embedded model (if the
     checkout has it), none for any other checkpoint (a drafter is distilled for one target)."""
-    if resolve_model_dir(model).resolve() == DEFAULT_MODEL_DIR.resolve() and (DEFAULT_DRAFTER_DIR / "drafter_config.json").is_file():
+    embedded = resolve_model_dir(model).resolve() == DEFAULT_MODEL_DIR.resolve()
+    if embedded and (DEFAULT_DRAFTER_DIR / "drafter_config.json").is_file():
         return DEFAULT_DRAFTER_DIR
     return None
 

@@ -43,7 +43,8 @@ from .tokenizer import TextTokenizer, TokenizerError
 
 logger = logging.getLogger("realtime.transcribe")
 
-def _parser() -> argparse.ArgumentParser:
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Transcribe WAV/FLAC/Ogg files with a Voxtral-Realtime-style model.")
     ap.add_argument("--model", default="default", help="checkpoint folder, or 'default' for the embedded model")
     ap.add_argument("--delay-ms", type=int, default=None, help="transcription delay (multiple of 80 ms)")
@@ -75,6 +76,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--batch must be at least 1, got {args.batch}")
     if args.k is not None and args.k < 1:
         raise ValueError(f"--k must be at least 1, got {args.k}")
+    if str(args.device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: this machine has no CUDA device (use --device cpu)")
     if args.reference and (args.drafter not in (None, "none") or args.k is not None or args.tree_nodes is not None):
         raise ValueError("--reference decodes without a drafter: it takes no --drafter, --k or --tree-nodes")
 
@@ -85,7 +88,7 @@ def one_line(text: str) -> str:
 
 
 def drafter_for(args: argparse.Namespace) -> str | Path | None:
-    """The drafter folder the run uses: --drafter, or on the CPU the model's default (`model_store.default_drafter_dir`).
+    """The drafter folder the run uses: --drafter, or on the CPU the model's own (`model_store.default_drafter_dir`).
 
     On CUDA none by default: there the speculative engine's setup (its CUDA graphs: catch-up, verify and look-ahead
     buckets) cost more than its faster steps saved on files of up to 230 s (H100: 2.7 s against 1.8 s without a
@@ -123,7 +126,7 @@ def transcribe_files(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: l
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
