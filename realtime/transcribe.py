@@ -4,7 +4,8 @@
         [--drafter DIR|none] [--k K] [--tree-nodes M] [--batch N] [--srt OUT.srt] [--words OUT.json] [--reference]
 
 One file: its transcript alone; several: one `FILE<TAB>TRANSCRIPT` line each, in the order given (line breaks in a
-transcript become spaces there).
+transcript become spaces there). A file that cannot be read is named on stderr and the others are still transcribed
+(exit status 1; 2 when nothing could be transcribed).
 
 The files go through the batched engine (`realtime/engine/offline.py`): whole files are backlogged audio, so with a
 drafter every step verifies several frames (lossless speculative decoding: the tokens are the ones decoding without
@@ -125,7 +126,21 @@ def transcribe_files(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: l
     return run.results
 
 
+def load_inputs(files: list[str], rate: int) -> tuple[list[tuple[str, np.ndarray]], list[str]]:
+    """Each file's samples at `rate`, or its error message (the message names the file): one unreadable file does
+    not stop the others."""
+    loaded, errors = [], []
+    for f in files:
+        try:
+            loaded.append((f, load_audio_file(f, rate)))
+        except AudioError as exc:
+            errors.append(str(exc))
+    return loaded, errors
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0, every file transcribed; 1, some files could not be read (each named on stderr; the others are
+    transcribed); 2, nothing transcribed (bad arguments, model, or no readable file)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -133,26 +148,30 @@ def main(argv: list[str] | None = None) -> int:
         _check(args)
         dtype = DTYPES[args.dtype] if args.dtype else default_dtype(args.device)
         model, tokenizer = load_model_and_tokenizer(args.model, device=args.device, dtype=dtype)
-        audios = [load_audio_file(f, model.config.audio.sampling_rate) for f in args.files]
-        results = transcribe_files(model, tokenizer, audios, args)
+        loaded, errors = load_inputs(args.files, model.config.audio.sampling_rate)
+        for message in errors:
+            print(f"error: {message}", file=sys.stderr)
+        if not loaded:
+            return 2
+        results = transcribe_files(model, tokenizer, [a for _, a in loaded], args)
     except (AudioError, ConfigError, CheckpointError, TokenizerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if len(args.files) == 1:
         print(results[0].text.strip())
     else:
-        for f, r in zip(args.files, results):
+        for (f, _), r in zip(loaded, results):
             print(f"{f}\t{one_line(r.text)}")
     if args.srt is not None or args.words is not None:
-        cfg, result = model.config, results[0]
+        cfg, result, audio = model.config, results[0], loaded[0][1]
         clock = TokenClock(cfg.streaming.n_left_pad_tokens, cfg.delay_tokens(args.delay_ms), cfg.token_duration_ms)
-        audio_ms = audios[0].size * 1000 // cfg.audio.sampling_rate
+        audio_ms = audio.size * 1000 // cfg.audio.sampling_rate
         words = words_of_tokens(((ev.position, ev.text) for ev in result.events), clock, audio_ms)
         if args.words is not None:
             args.words.write_text(json.dumps([w.to_json() for w in words], indent=1), encoding="utf-8")
         if args.srt is not None:
             args.srt.write_text(to_srt(words), encoding="utf-8")
-    return 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -620,6 +620,19 @@ def test_transcribe_cli_decodes_files_on_the_engine(target, tiny_ckpt, tmp_path,
             assert spec[0].startswith("speculation (k = 3)")
     assert main(["--model", ckpt, "--device", "cpu", "--drafter", drafter, files[1]]) == 0
     assert capsys.readouterr().out == expected[1].strip() + "\n"
+    # an unreadable file among several: named on stderr, the others transcribed, exit status 1; alone: 2
+    (tmp_path / "bad.wav").write_bytes(b"not audio")
+    (tmp_path / "empty.wav").write_bytes(b"")
+    bad, empty, missing = str(tmp_path / "bad.wav"), str(tmp_path / "empty.wav"), str(tmp_path / "missing.wav")
+    assert main(["--model", ckpt, "--device", "cpu", "--drafter", drafter, files[0], bad, files[2], empty,
+                 missing]) == 1
+    out = capsys.readouterr()
+    assert out.out.splitlines() == [f"{files[0]}\t{one_line(expected[0])}", f"{files[2]}\t{one_line(expected[2])}"]
+    assert [ln.split(":", 1)[0] for ln in out.err.splitlines()] == ["error"] * 3
+    assert bad in out.err and empty in out.err and f"{missing} does not exist" in out.err
+    for argv in ([bad], [bad, missing]):
+        assert main(["--model", ckpt, "--device", "cpu", *argv]) == 2
+        assert capsys.readouterr().out == ""
 
 
 def test_transcribe_cli_refuses_bad_arguments_with_a_message(target, tiny_ckpt, tmp_path, capsys):
