@@ -1,7 +1,8 @@
 """Offline transcription of audio files: the transcripts alone on stdout, logs on stderr.
 
     python -m realtime.transcribe [--model DIR|default] FILE... [--delay-ms 480] [--device cpu|cuda] [--dtype fp32]
-        [--drafter DIR|none] [--k K] [--tree-nodes M] [--batch N] [--srt OUT.srt] [--words OUT.json] [--reference]
+        [--drafter DIR|none] [--k K] [--tree-nodes M] [--batch N] [--srt OUT.srt] [--words OUT.json] [--progress]
+        [--reference]
 
 One file: its transcript alone; several: one `FILE<TAB>TRANSCRIPT` line each, in the order given (line breaks in a
 transcript become spaces there). A file that cannot be read is named on stderr and the others are still transcribed
@@ -64,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the single-stream streaming session instead of the batched engine (same tokens, slower)")
     ap.add_argument("--srt", type=Path, default=None, help="also write SubRip subtitles from the word timings")
     ap.add_argument("--words", type=Path, default=None, help="also write the words and their times (JSON)")
+    ap.add_argument("--progress", action="store_true",
+                    help="report the seconds decoded on stderr about once a second (the engine; not --reference)")
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.add_argument("files", nargs="+",
                     help="audio files (WAV, FLAC or Ogg Vorbis/Opus, any sample rate, mono or multi-channel)")
@@ -79,13 +82,33 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--k must be at least 1, got {args.k}")
     if str(args.device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: this machine has no CUDA device (use --device cpu)")
-    if args.reference and (args.drafter not in (None, "none") or args.k is not None or args.tree_nodes is not None):
-        raise ValueError("--reference decodes without a drafter: it takes no --drafter, --k or --tree-nodes")
+    if args.reference and (args.drafter not in (None, "none") or args.k is not None or args.tree_nodes is not None
+                           or args.progress):
+        raise ValueError("--reference decodes one file at a time in the streaming session: it takes no --drafter, "
+                         "--k, --tree-nodes or --progress")
 
 
 def one_line(text: str) -> str:
     """A transcript on one line of the several-files output (line breaks a model may emit become spaces)."""
     return text.strip().replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+
+
+class ProgressReport:
+    """`--progress`: a line on stderr at most every `interval` seconds while the engine decodes, and one at the end."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval, self.t0 = interval, time.perf_counter()
+        self.last = self.t0  # the first line after one interval
+        self.ended = False
+
+    def __call__(self, done_s: float, total_s: float) -> None:
+        now = time.perf_counter()
+        if self.ended:
+            return
+        if now - self.last >= self.interval or done_s >= total_s:
+            self.last, self.ended = now, done_s >= total_s
+            speed = done_s / max(now - self.t0, 1e-9)
+            print(f"transcribed {done_s:.1f} of {total_s:.1f} s ({speed:.1f}x real time)", file=sys.stderr, flush=True)
 
 
 def drafter_for(args: argparse.Namespace) -> str | Path | None:
@@ -120,7 +143,8 @@ def transcribe_files(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: l
         spec = speculative_config(model, drafter, k=args.k, tree_nodes=args.tree_nodes)
         logger.info("drafter %s (%s, k = %d)", drafter, type(spec.drafter).__name__, spec.num_speculative_tokens)
     run = transcribe_batch(model, tokenizer, audios, delay_ms=args.delay_ms,
-                           opts=offline_options(len(audios), args.batch, spec), speculative=spec)
+                           opts=offline_options(len(audios), args.batch, spec), speculative=spec,
+                           progress=ProgressReport() if args.progress else None)
     for line in run_summary(run, sum(a.size for a in audios) / model.config.audio.sampling_rate, spec):
         logger.info("%s", line)
     return run.results

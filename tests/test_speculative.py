@@ -620,6 +620,12 @@ def test_transcribe_cli_decodes_files_on_the_engine(target, tiny_ckpt, tmp_path,
             assert spec[0].startswith("speculation (k = 3)")
     assert main(["--model", ckpt, "--device", "cpu", "--drafter", drafter, files[1]]) == 0
     assert capsys.readouterr().out == expected[1].strip() + "\n"
+    # --progress: lines on stderr that end with everything decoded; stdout unchanged
+    assert main(["--model", ckpt, "--device", "cpu", "--progress", *files]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines() == [f"{f}\t{one_line(e)}" for f, e in zip(files, expected)]
+    total = sum(c.size for c in clips) / 16000
+    assert out.err.splitlines()[-1].startswith(f"transcribed {total:.1f} of {total:.1f} s (")
     # an unreadable file among several: named on stderr, the others transcribed, exit status 1; alone: 2
     (tmp_path / "bad.wav").write_bytes(b"not audio")
     (tmp_path / "empty.wav").write_bytes(b"")
@@ -649,7 +655,8 @@ def test_transcribe_cli_refuses_bad_arguments_with_a_message(target, tiny_ckpt, 
     ckpt = str(tiny_ckpt(seed=1))
     cases = [
         ([a, b, "--words", str(tmp_path / "w.json")], "--srt and --words take one input file"),
-        ([a, "--reference", "--drafter", str(tmp_path / "chain")], "--reference decodes without a drafter"),
+        ([a, "--reference", "--drafter", str(tmp_path / "chain")], "--reference decodes one file at a time"),
+        ([a, "--reference", "--progress"], "it takes no --drafter, --k, --tree-nodes or --progress"),
         ([a, "--tree-nodes", "5"], "--tree-nodes needs a drafter"),
         ([a, "--drafter", str(tmp_path / "chain"), "--tree-nodes", "5"], "needs a parallel drafter"),
         ([a, "--batch", "0"], "--batch must be at least 1"),

@@ -15,7 +15,7 @@ import logging
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,8 +58,12 @@ class _Collector:
 
 
 def run_engine_offline(engine: BatchedEngine, audios: Sequence[np.ndarray], *, delay_ms: int | None = None,
-                       max_steps: int = 10_000_000) -> OfflineRun:
-    """Transcribe `audios` (16 kHz mono float32) on an engine that is not running its own thread."""
+                       max_steps: int = 10_000_000, progress: Callable[[float, float], None] | None = None
+                       ) -> OfflineRun:
+    """Transcribe `audios` (16 kHz mono float32) on an engine that is not running its own thread.
+
+    progress: called after every step with (seconds of audio decoded so far, seconds in all): a clip counts the audio
+    its last token was decided on, a finished clip all of it."""
     if engine._thread is not None:
         raise RuntimeError("run_engine_offline drives the engine itself: do not start() it")
     clips = [as_mono_float32(a) for a in audios]
@@ -72,6 +76,8 @@ def run_engine_offline(engine: BatchedEngine, audios: Sequence[np.ndarray], *, d
     prompt_len = engine.config.prompt_length(engine.config.delay_tokens(delay_ms))
     steps0 = engine._step
     t0 = time.perf_counter()
+    rate = engine.config.audio.sampling_rate
+    total_s = sum(a.size for a in clips) / rate
     for _ in range(max_steps):
         while waiting and engine._free_slots:
             i = waiting.popleft()
@@ -87,6 +93,9 @@ def run_engine_offline(engine: BatchedEngine, audios: Sequence[np.ndarray], *, d
                 if isinstance(col.done, StreamFailed):
                     raise RuntimeError(f"audio #{i} failed: {col.done.message}")
                 results[i] = TranscriptionResult(col.done.text, col.tokens, col.events, prompt_len)
+        if progress is not None:
+            heard_ms = sum(col.events[-1].audio_end_ms for _, col in open_.values() if col.events)
+            progress(min(sum(clips[i].size for i in results) / rate + heard_ms / 1000, total_s), total_s)
         if not waiting and not open_:
             break
         # the engine loop body, in this thread (same package: the engine's own step functions)
@@ -100,13 +109,14 @@ def run_engine_offline(engine: BatchedEngine, audios: Sequence[np.ndarray], *, d
 
 def transcribe_batch(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: Sequence[np.ndarray], *,
                      delay_ms: int | None = None, opts: RunnerOptions | None = None,
-                     speculative: SpeculativeConfig | None = None) -> OfflineRun:
-    """Transcribe several clips at once on a fresh batched engine."""
+                     speculative: SpeculativeConfig | None = None,
+                     progress: Callable[[float, float], None] | None = None) -> OfflineRun:
+    """Transcribe several clips at once on a fresh batched engine (`progress`: see `run_engine_offline`)."""
     if opts is None:
         n = max(1, min(len(audios), 64))
         opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=model.device.type == "cuda")
     engine = BatchedEngine(model, tokenizer, opts=opts, speculative=speculative)
-    return run_engine_offline(engine, audios, delay_ms=delay_ms)
+    return run_engine_offline(engine, audios, delay_ms=delay_ms, progress=progress)
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
