@@ -27,9 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from realtime.audio import load_audio_file
-from realtime.engine.offline import default_dtype
 from realtime.model_store import load_model_and_tokenizer
-from realtime.transcribe import build_parser, transcribe_files
+from realtime.transcribe import build_parser, default_dtype, transcribe_files
 
 MODES = {"reference": ["--reference"], "engine": ["--drafter", "none"], "drafter": [], "tree24": ["--tree-nodes", "24"]}
 

@@ -1,8 +1,8 @@
 """Offline transcription of audio files: the transcripts alone on stdout, logs on stderr.
 
     python -m realtime.transcribe [--model DIR|default] FILE... [--delay-ms 480] [--device cpu|cuda] [--dtype fp32]
-        [--drafter DIR|none] [--k K] [--tree-nodes M] [--batch N] [--srt OUT.srt] [--words OUT.json] [--progress]
-        [--reference]
+        [--drafter DIR|none] [--k K] [--tree-nodes M [--tree-max-streams S]] [--batch N] [--srt OUT.srt]
+        [--words OUT.json] [--progress] [--no-cuda-graphs] [--no-encoder-stream] [--reference]
 
 One file: its transcript alone; several: one `FILE<TAB>TRANSCRIPT` line each, in the order given (line breaks in a
 transcript become spaces there). A file that cannot be read is named on stderr and the others are still transcribed
@@ -34,7 +34,7 @@ import torch
 
 from .audio import AudioError, load_audio_file
 from .config import ConfigError
-from .engine.offline import DTYPES, default_dtype, offline_options, run_summary, speculative_config, transcribe_batch
+from .engine.offline import offline_options, run_summary, speculative_config, transcribe_batch
 from .loader import CheckpointError
 from .model import VoxtralRealtime
 from .model_store import default_drafter_dir, load_model_and_tokenizer
@@ -44,6 +44,13 @@ from .timestamps import TokenClock, words_of_tokens
 from .tokenizer import TextTokenizer, TokenizerError
 
 logger = logging.getLogger("realtime.transcribe")
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """bf16 on CUDA, fp32 elsewhere."""
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="drafts per round (default: 6 for a parallel or two-pass drafter, 4 for a chained one)")
     ap.add_argument("--tree-nodes", type=int, default=None,
                     help="verify a tree of this many drafts per round instead of a chain (parallel drafters)")
+    ap.add_argument("--tree-max-streams", type=int, default=1,
+                    help="with --tree-nodes: the tree only in steps where at most this many files draft, the chain "
+                         "in the others (default 1)")
     ap.add_argument("--batch", type=int, default=16, help="files decoded together (default 16)")
+    ap.add_argument("--no-cuda-graphs", action="store_true", help="run the engine's steps eagerly on CUDA")
+    ap.add_argument("--no-encoder-stream", action="store_true",
+                    help="keep the encoder on the main CUDA stream (RunnerOptions.encoder_stream)")
     ap.add_argument("--reference", action="store_true",
                     help="the single-stream streaming session instead of the batched engine (same tokens, slower)")
     ap.add_argument("--srt", type=Path, default=None, help="also write SubRip subtitles from the word timings")
@@ -140,10 +153,12 @@ def transcribe_files(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: l
         raise ValueError("--tree-nodes needs a drafter (a parallel one)")
     spec = None
     if drafter is not None:
-        spec = speculative_config(model, drafter, k=args.k, tree_nodes=args.tree_nodes)
+        spec = speculative_config(model, drafter, k=args.k, tree_nodes=args.tree_nodes,
+                                  tree_max_streams=args.tree_max_streams)
         logger.info("drafter %s (%s, k = %d)", drafter, type(spec.drafter).__name__, spec.num_speculative_tokens)
     run = transcribe_batch(model, tokenizer, audios, delay_ms=args.delay_ms,
-                           opts=offline_options(len(audios), args.batch, spec), speculative=spec,
+                           opts=offline_options(len(audios), args.batch, spec, cuda_graphs=not args.no_cuda_graphs,
+                                                encoder_stream=not args.no_encoder_stream), speculative=spec,
                            progress=ProgressReport() if args.progress else None)
     for line in run_summary(run, sum(a.size for a in audios) / model.config.audio.sampling_rate, spec):
         logger.info("%s", line)

@@ -577,13 +577,13 @@ def test_a_step_visits_only_the_streams_with_work(tiny_ckpt):
 
 
 def test_offline_command_transcribes_files_as_the_session_does(tiny_ckpt, tmp_path, capsys, monkeypatch):
-    """`python -m realtime.engine.offline` (here its `main`): each file's line is the single-stream
+    """`python -m realtime.transcribe` (here its `main`) on several files: each file's line is the single-stream
     session's text, with the engine options of its flags (`--no-encoder-stream`, `--no-cuda-graphs`);
     an unreadable file is a clear error (exit 2), not a traceback."""
     import wave
 
+    from realtime import transcribe as offline
     from realtime.audio import load_audio_file
-    from realtime.engine import offline
 
     used: list[RunnerOptions] = []
     real = offline.transcribe_batch
@@ -606,7 +606,7 @@ def test_offline_command_transcribes_files_as_the_session_does(tiny_ckpt, tmp_pa
             w.setframerate(16000)
             w.writeframes((np.clip(synthetic_audio(seconds, seed=40 + i), -1, 1) * 32767).astype(np.int16).tobytes())
         files.append(f)
-    want = [f"{f}\t{transcribe(model, tok, load_audio_file(f)).text.strip()}" for f in files]
+    want = [f"{f}\t{offline.one_line(transcribe(model, tok, load_audio_file(f)).text)}" for f in files]
     for flags in ([], ["--no-encoder-stream", "--no-cuda-graphs", "--batch", "1"]):
         assert offline.main(["--model", str(path), "--device", "cpu", *flags, *map(str, files)]) == 0
         assert capsys.readouterr().out.splitlines() == want
@@ -614,6 +614,13 @@ def test_offline_command_transcribes_files_as_the_session_does(tiny_ckpt, tmp_pa
     (tmp_path / "bad.wav").write_bytes(b"not audio")
     assert offline.main(["--model", str(path), "--device", "cpu", str(tmp_path / "bad.wav")]) == 2
     assert "error:" in capsys.readouterr().err
+    # the engine module's former command line points there instead of doing nothing
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "realtime.engine.offline", str(files[0])], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "" and "python -m realtime.transcribe" in proc.stderr
 
 
 @pytest.mark.gpu

@@ -547,12 +547,14 @@ def test_speculative_engine_equals_plain_engine(tiny_ckpt, trained, dtype):
         assert_partial_acceptance(eng.stats())
 
 
-def test_offline_cli_with_drafter(target, tiny_ckpt, tmp_path, capsys):
+def test_offline_cli_with_drafter(target, tiny_ckpt, tmp_path, capsys, caplog, monkeypatch):
     import soundfile as sf
 
-    from realtime.engine.offline import main
+    from realtime.transcribe import main
 
     model, tok = target
+    caplog.set_level(logging.INFO, logger="realtime.transcribe")
+    spec_lines = lambda: "\n".join(r.getMessage() for r in caplog.records)  # noqa: E731  (the run summary)
     save_drafter(echo_drafter(model), tmp_path / "drafter")
     files = []
     for i, clip in enumerate([UNSEEN[1], SEEN[1]]):
@@ -565,22 +567,36 @@ def test_offline_cli_with_drafter(target, tiny_ckpt, tmp_path, capsys):
     assert [ln.split("\t")[0] for ln in lines] == files
     for ln, clip in zip(lines, [UNSEEN[1], SEEN[1]]):
         assert ln.split("\t", 1)[1] == transcribe(model, tok, clip).text.strip()
-    assert "speculation (k = 3): acceptance rate" in out.err
+    assert "speculation (k = 3): acceptance rate" in spec_lines()
     # without --k, the drafter's kind decides: 4 drafts for a chained drafter, 6 for a parallel one
     save_drafter(echo_drafter(model, cls=ParallelEagleDrafter), tmp_path / "parallel")
     for drafter, k in (("drafter", 4), ("parallel", 6)):
+        caplog.clear()
         assert main(["--model", str(tiny_ckpt(seed=1)), "--drafter", str(tmp_path / drafter), "--device", "cpu",
                      files[0]]) == 0
         out = capsys.readouterr()
-        assert out.out.split("\t", 1)[1].strip() == transcribe(model, tok, UNSEEN[1]).text.strip()
-        assert f"speculation (k = {k}): acceptance rate" in out.err
+        assert out.out.strip() == transcribe(model, tok, UNSEEN[1]).text.strip()
+        assert f"speculation (k = {k}): acceptance rate" in spec_lines()
     # --tree-nodes: a parallel drafter's tree; a chained drafter or no drafter is refused with a message
+    caplog.clear()
     assert main(["--model", str(tiny_ckpt(seed=1)), "--drafter", str(tmp_path / "parallel"), "--tree-nodes", "5",
                  "--device", "cpu", files[0]]) == 0
     out = capsys.readouterr()
-    assert out.out.split("\t", 1)[1].strip() == transcribe(model, tok, UNSEEN[1]).text.strip()
-    assert "speculation (k = 6, tree of 5 nodes): acceptance rate" in out.err
-    for extra, msg in ((["--drafter", str(tmp_path / "drafter")], "needs a parallel drafter"), ([], "needs --drafter")):
+    assert out.out.strip() == transcribe(model, tok, UNSEEN[1]).text.strip()
+    assert "speculation (k = 6, tree of 5 nodes): acceptance rate" in spec_lines()
+    # --tree-max-streams reaches the engine's configuration (the tree only in steps where that few files draft)
+    import realtime.transcribe as cli
+
+    seen = []
+    real = cli.transcribe_batch
+    monkeypatch.setattr(cli, "transcribe_batch", lambda *a, speculative, **kw: seen.append(speculative) or real(
+        *a, speculative=speculative, **kw))
+    assert main(["--model", str(tiny_ckpt(seed=1)), "--drafter", str(tmp_path / "parallel"), "--tree-nodes", "5",
+                 "--tree-max-streams", "2", "--device", "cpu", *files]) == 0
+    assert [(c.tree_nodes, c.tree_max_streams) for c in seen] == [(5, 2)]
+    capsys.readouterr()
+    for extra, msg in ((["--drafter", str(tmp_path / "drafter")], "needs a parallel drafter"),
+                       ([], "--tree-nodes needs a drafter")):
         assert main(["--model", str(tiny_ckpt(seed=1)), *extra, "--tree-nodes", "5", "--device", "cpu", files[0]]) == 2
         assert msg in capsys.readouterr().err
 
@@ -657,8 +673,6 @@ def test_transcribe_cli_refuses_bad_arguments_with_a_message(target, tiny_ckpt, 
         ([a, b, "--words", str(tmp_path / "w.json")], "--srt and --words take one input file"),
         ([a, "--reference", "--drafter", str(tmp_path / "chain")], "--reference decodes one file at a time"),
         ([a, "--reference", "--progress"], "it takes no --drafter, --k, --tree-nodes or --progress"),
-        ([a, "--tree-nodes", "5"], "--tree-nodes needs a drafter"),
-        ([a, "--drafter", str(tmp_path / "chain"), "--tree-nodes", "5"], "needs a parallel drafter"),
         ([a, "--batch", "0"], "--batch must be at least 1"),
         ([a, "--k", "0"], "--k must be at least 1"),
         ([a, "--drafter", str(tmp_path / "missing")], "holds no drafter"),

@@ -5,12 +5,11 @@ file is pushed at once and finished, so each stream has its whole audio buffered
 case speculation speeds up most (one verify step accepts several tokens). Files beyond
 `max_streams` wait for a free slot. Output tokens equal `realtime.session.transcribe`'s.
 
-    python -m realtime.engine.offline --model DIR [--drafter DIR [--k K]] [--device cuda --dtype bf16] FILE...
+The command line on top of it is `python -m realtime.transcribe` (`realtime/transcribe.py`).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
@@ -20,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..audio import AudioError, as_mono_float32
 from ..model import VoxtralRealtime
@@ -119,14 +117,6 @@ def transcribe_batch(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: S
     return run_engine_offline(engine, audios, delay_ms=delay_ms, progress=progress)
 
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def default_dtype(device: str) -> torch.dtype:
-    """bf16 on CUDA, fp32 elsewhere (the command lines' default)."""
-    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-
-
 def speculative_config(model: VoxtralRealtime, drafter_dir: str | Path, *, k: int | None = None,
                        tree_nodes: int | None = None, tree_max_streams: int = 1) -> SpeculativeConfig:
     """Load the drafter in `drafter_dir` for `model` (on its device, in its dtype) and configure speculation: `k`
@@ -165,57 +155,7 @@ def run_summary(run: OfflineRun, audio_seconds: float, spec: SpeculativeConfig |
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ..audio import load_audio_file
-    from ..config import ConfigError
-    from ..loader import CheckpointError
-    from ..model_store import load_model_and_tokenizer
-    from ..tokenizer import TokenizerError
-
-    ap = argparse.ArgumentParser(description="Offline transcription of files on the batched engine.")
-    ap.add_argument("--model", default="default", help="checkpoint folder, or 'default'")
-    ap.add_argument("--drafter", default=None, help="Eagle drafter folder: turns speculative decoding on")
-    ap.add_argument("--k", type=int, default=None,
-                    help="draft tokens per step (default: 6 for a parallel or two-pass drafter, 4 for a chained one)")
-    ap.add_argument("--tree-nodes", type=int, default=None,
-                    help="verify a tree of this many drafts per round instead of one chain (parallel drafters)")
-    ap.add_argument("--tree-max-streams", type=int, default=1,
-                    help="with --tree-nodes: the tree only in steps where at most this many files draft, the chain "
-                         "in the others (default 1)")
-    ap.add_argument("--delay-ms", type=int, default=None)
-    ap.add_argument("--batch", type=int, default=16, help="streams decoded together")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
-    ap.add_argument("--no-cuda-graphs", action="store_true")
-    ap.add_argument("--no-encoder-stream", action="store_true",
-                    help="keep the encoder on the main CUDA stream (RunnerOptions.encoder_stream)")
-    ap.add_argument("-v", "--verbose", action="store_true")
-    ap.add_argument("files", nargs="+")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
-    dtype = DTYPES[args.dtype] if args.dtype else default_dtype(args.device)
-    try:
-        if args.tree_nodes is not None and not args.drafter:
-            raise ValueError("--tree-nodes needs --drafter (a parallel drafter)")
-        model, tok = load_model_and_tokenizer(args.model, device=args.device, dtype=dtype)
-        spec = None
-        if args.drafter:
-            spec = speculative_config(model, args.drafter, k=args.k, tree_nodes=args.tree_nodes,
-                                      tree_max_streams=args.tree_max_streams)
-        audios = [load_audio_file(f, model.config.audio.sampling_rate) for f in args.files]
-        opts = offline_options(len(audios), args.batch, spec, cuda_graphs=not args.no_cuda_graphs,
-                               encoder_stream=not args.no_encoder_stream)
-        run = transcribe_batch(model, tok, audios, delay_ms=args.delay_ms, opts=opts, speculative=spec)
-    except (AudioError, ConfigError, CheckpointError, TokenizerError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for f, r in zip(args.files, run.results):
-        print(f"{f}\t{r.text.strip()}")
-    for line in run_summary(run, sum(a.size for a in audios) / model.config.audio.sampling_rate, spec):
-        print(line, file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # the command line this module had moved to realtime.transcribe (thirty-sixth session)
+    print("error: use python -m realtime.transcribe (it takes every flag this module's command line took)",
+          file=sys.stderr)
+    raise SystemExit(2)
