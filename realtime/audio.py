@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -378,29 +379,49 @@ def resample(audio: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 # Files
 # ---------------------------------------------------------------------------------------
-SUPPORTED_FILE_FORMATS = ("WAV", "FLAC", "OGG")  # OGG: Vorbis or Opus inside
+SUPPORTED_FILE_FORMATS = ("WAV", "FLAC", "OGG", "MP3")  # OGG: Vorbis or Opus inside
 
 
 def load_audio_file(path: str | Path, target_rate: int = 16000) -> np.ndarray:
-    """Read a WAV, FLAC or Ogg (Vorbis/Opus) file as mono float32 at `target_rate` (mixing channels, resampling)."""
-    import soundfile as sf
-
+    """Read a WAV, FLAC, Ogg (Vorbis/Opus) or MP3 file as mono float32 at `target_rate` (mixing channels,
+    resampling)."""
     p = Path(path)
     if not p.is_file():
         raise AudioError(f"audio file {p} does not exist")
+    return _read_sound(str(p), str(p), target_rate)
+
+
+def decode_audio_bytes(data: bytes, target_rate: int = 16000, *, name: str = "the upload") -> np.ndarray:
+    """`load_audio_file` for a file's bytes held in memory (an HTTP upload); AudioError names `name`."""
+    import io
+
+    if not data:
+        raise AudioError(f"{name}: the file is empty")
+    return _read_sound(io.BytesIO(data), name, target_rate)
+
+
+def _read_sound(source: object, name: str, target_rate: int) -> np.ndarray:
+    import soundfile as sf
+
     try:
-        info = sf.info(str(p))
+        info = sf.info(source)
+        if hasattr(source, "seek"):
+            source.seek(0)  # type: ignore[attr-defined]
     except Exception as exc:  # soundfile raises its own error types, plus RuntimeError/TypeError
+        reason = re.sub(r"^Error opening .*?: ", "", str(exc))  # the name is already said (and a buffer has none)
         raise AudioError(
-            f"{p}: not a readable audio file (supported: {', '.join(SUPPORTED_FILE_FORMATS)}): {exc}"
+            f"{name}: not a readable audio file (supported: {', '.join(SUPPORTED_FILE_FORMATS)}): {reason}"
         ) from exc
     if info.format not in SUPPORTED_FILE_FORMATS:
-        raise AudioError(f"{p}: format {info.format} is not supported (use {', '.join(SUPPORTED_FILE_FORMATS)})")
-    data, rate = sf.read(str(p), dtype="float32", always_2d=True)
+        raise AudioError(f"{name}: format {info.format} is not supported (use {', '.join(SUPPORTED_FILE_FORMATS)})")
+    try:
+        data, rate = sf.read(source, dtype="float32", always_2d=True)
+    except Exception as exc:  # a header that reads but a body that does not (truncated files)
+        raise AudioError(f"{name}: the audio could not be decoded: {exc}") from exc
     if data.shape[0] == 0:
-        raise AudioError(f"{p}: the file holds no audio samples")
+        raise AudioError(f"{name}: the file holds no audio samples")
     mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
-    mono = as_mono_float32(mono, what=str(p))
+    mono = as_mono_float32(mono, what=name)
     if rate != target_rate:
         mono = resample(mono, rate, target_rate)
     return mono

@@ -1,4 +1,5 @@
-"""Subtitles (SubRip) from word timings (`realtime.timestamps.Word`): the offline CLI's and the client's `--srt`."""
+"""Subtitles (SubRip, WebVTT) from word timings (`realtime.timestamps.Word`): the offline CLI's and the client's `--srt`,
+the HTTP transcription endpoint's `srt` and `vtt` formats."""
 
 from __future__ import annotations
 
@@ -39,3 +40,12 @@ def format_srt(cues: Sequence[tuple[int, int, str]]) -> str:
 
 def to_srt(words: Sequence[Word]) -> str:
     return format_srt(subtitle_cues(words))
+
+
+def vtt_time(ms: int) -> str:
+    return srt_time(ms).replace(",", ".")
+
+
+def format_vtt(cues: Sequence[tuple[int, int, str]]) -> str:
+    """A WebVTT file's text: the `WEBVTT` header, then each cue as `HH:MM:SS.mmm --> HH:MM:SS.mmm` and its text."""
+    return "WEBVTT\n\n" + "".join(f"{vtt_time(a)} --> {vtt_time(b)}\n{text}\n\n" for a, b, text in cues)

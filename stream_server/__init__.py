@@ -1,12 +1,13 @@
 """streamscribe's websocket service: realtime speech-to-text over `/v1/realtime`.
 
 It speaks two dialects on one path — vLLM's (`vllm_dialect.py`) and OpenAI's Realtime transcription
-(`openai_dialect.py`) — plus HTTP routes on the same port (`http.py`), API keys and Origin checks
+(`openai_dialect.py`) — plus, on the same port, OpenAI's file transcription API (`POST /v1/audio/transcriptions`:
+`transcriptions.py`, read by `http_connection.py`), HTTP GET routes (`http.py`), API keys and Origin checks
 (`auth.py`), Prometheus metrics (`metrics.py`) and server-side VAD (`vad.py`).
 
 It talks to the engine only through `realtime.serving` (the `TranscriptionEngine` protocol and its
 events); beyond that it uses `realtime.model_store` to load models (in `engine_factory.py`),
-`realtime.audio` for PCM decoding and resampling, `realtime.config` constants, and `realtime.timestamps` /
+`realtime.audio` for PCM and file decoding and resampling, `realtime.config` constants, and `realtime.timestamps` /
 `realtime.subtitles` for word times and subtitles (shared with the offline CLI).
 
     python -m stream_server --model default --port 8000

@@ -1,4 +1,4 @@
-"""Plain HTTP on the websocket port: the demo page, /health, /v1/models, /metrics.
+"""Plain HTTP GET on the websocket port: the demo page, /health, /v1/models, /metrics (uploads: `transcriptions.py`).
 
 These are answered from websockets' `process_request` hook, before any websocket handshake.
 """
@@ -115,6 +115,9 @@ class HttpRoutes:
             return json_response(200, {"object": "list", "data": [
                 {"id": n, "object": "model", "created": self.created, "owned_by": "streamscribe"}
                 for n in self.names]})
+        if path == "/v1/audio/transcriptions":  # read by the connection itself (http_connection.py); POST only
+            return error_response(405, "method_not_allowed", f"{path} takes POST (a multipart file upload)",
+                                  {"Allow": "POST"})
         if path.startswith("/v1/"):
             return error_response(404, "not_found", f"{path} not found")
         return await static_file(self.demo_dir, path)

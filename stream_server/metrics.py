@@ -132,6 +132,12 @@ class Metrics:
         self.spec_acceptance = Gauge("streamscribe_spec_acceptance_rate", "Accepted / drafted tokens.")
         self.session_seconds = Histogram("streamscribe_session_duration_seconds", "Length of finished sessions.",
                                          _SESSION_BUCKETS)
+        self.http_requests = Counter("streamscribe_http_transcriptions_total",
+                                     "File transcription requests (POST /v1/audio/transcriptions), by status.",
+                                     ("status",))
+        self.http_active = Gauge("streamscribe_http_transcriptions_active", "File transcriptions running now.")
+        self.http_audio_seconds = Counter("streamscribe_http_transcribed_audio_seconds_total",
+                                          "Seconds of uploaded audio transcribed (at 16 kHz).")
         self._steps_seen = 0
 
     def record_engine_stats(self, stats: object) -> None:

@@ -26,18 +26,26 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from realtime.serving import TranscriptionEngine
+from realtime.config import ConfigError
+from realtime.serving import AdmissionError, TranscriptionEngine
 
 from . import auth
 from .connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN_LATER, Connection, ServerContext, wants_openai
+from .engine_stream import EngineStream
 from .events import ProtocolError, dumps
 from .http import HttpRoutes, error_response
+from .http_connection import HttpAwareConnection, HttpReply, connection_factory
+from .http_requests import HttpError, HttpRequest
+from .transcriptions import TRANSCRIPTIONS_PATH, protocol_error_status, serve_transcription
 from .metrics import Metrics
 from .openai_dialect import OpenAIDialect
 from .vllm_dialect import VllmDialect
 from .settings import REALTIME_PATH, ServerSettings
 
 logger = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 10.0  # websockets' default open_timeout: the TLS and websocket handshakes, the request line
+UPLOAD_READ_TIMEOUT_S = 30.0  # an upload that sends nothing for this long (or the idle timeout, if shorter) gets 408
 
 
 class StreamServer:
@@ -51,6 +59,7 @@ class StreamServer:
         self.ctx = ServerContext(settings, engine, self.metrics,
                                  ThreadPoolExecutor(max_workers=2, thread_name_prefix="vad"))
         self.active: set[Connection] = set()
+        self.http_jobs: set[HttpAwareConnection] = set()  # file transcriptions running (they count as sessions)
         self._sessions_of: Counter[str] = Counter()  # open sessions per client (`_client_of`)
         self._server: Server | None = None
         self._stats_task: asyncio.Task[None] | None = None
@@ -67,9 +76,18 @@ class StreamServer:
             raise ValueError("at least one served model name is needed")
         if self.owns_engine:
             self.engine.start()
+        ssl_context = s.ssl_context()
+        tls_kw = {"ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S} if ssl_context is not None else {}
         self._server = await serve(
             self._handle, s.host, s.port,
-            ssl=s.ssl_context(),
+            ssl=ssl_context,
+            **tls_kw,
+            # POST requests (file uploads) are read and answered by the connection itself; it also applies the
+            # handshake timeout, since the library's would cut off a long transcription
+            create_connection=connection_factory(self._handle_http, self._check_http_head,
+                                                 max_body_bytes=s.max_upload_bytes, open_timeout=HANDSHAKE_TIMEOUT_S,
+                                                 read_timeout=min(s.idle_timeout_s, UPLOAD_READ_TIMEOUT_S)),
+            open_timeout=None,
             process_request=self._process_request,
             select_subprotocol=self._select_subprotocol,
             compression=None,  # audio is incompressible base64: deflate would only cost CPU and memory
@@ -95,6 +113,8 @@ class StreamServer:
         self._stopped = True
         if self._stats_task is not None:
             self._stats_task.cancel()
+        for conn in list(self.http_jobs):
+            conn.abort_http()  # answered 503 and closed; their engine streams are closed
         if self._server is not None:
             self._server.close(close_connections=True)  # 1001 going away to every session
             await self._server.wait_closed()
@@ -121,9 +141,9 @@ class StreamServer:
 
     async def _sessions_end_within(self, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
-        while self.active and time.monotonic() < deadline:
+        while (self.active or self.http_jobs) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        return not self.active
+        return not self.active and not self.http_jobs
 
     async def serve_forever(self) -> None:
         assert self._server is not None
@@ -182,7 +202,7 @@ class StreamServer:
                 "server_shutting_down", "The server is shutting down and takes no new sessions; connect to another "
                 "instance or try again later"), CLOSE_GOING_AWAY, "server shutting down")
             return
-        if len(self.active) >= self.settings.max_sessions:
+        if self._sessions_open() >= self.settings.max_sessions:
             await self._refuse(ws, query, ProtocolError(
                 "server_full", f"The server is full ({self.settings.max_sessions} sessions); try again later"),
                 CLOSE_TRY_AGAIN_LATER, "server full")
@@ -206,9 +226,7 @@ class StreamServer:
             logger.exception("session %s crashed", conn.session_id)
         finally:
             self.active.discard(conn)
-            self._sessions_of[client] -= 1
-            if not self._sessions_of[client]:
-                del self._sessions_of[client]
+            self._release_client(client)
             self.metrics.sessions_active.set(len(self.active))
             seconds = time.monotonic() - t0
             self.metrics.session_seconds.observe(seconds)
@@ -217,6 +235,103 @@ class StreamServer:
             logger.info("session %s (%s, %s) ended after %.1f s: %.1f s of audio, %d turn(s), %d token(s), "
                         "%d error event(s), close %s %s", conn.session_id, client, conn.dialect.name, seconds,
                         u.audio_s, u.turns, u.tokens, u.errors, ws.close_code, ws.close_reason or "")
+
+    def _release_client(self, client: str) -> None:
+        """One session or transcription of `client` ended (the per-client quota's count)."""
+        self._sessions_of[client] -= 1
+        if not self._sessions_of[client]:
+            del self._sessions_of[client]
+
+    def _sessions_open(self) -> int:
+        return len(self.active) + len(self.http_jobs)
+
+    # -- file transcription (POST /v1/audio/transcriptions) ----------------------------------------
+    def _check_http_head(self, request: HttpRequest, conn: HttpAwareConnection) -> HttpError | None:
+        """Refusals decided by the request's head alone, before its body is read (the connection sends them)."""
+        path = urlsplit(request.target).path
+        if path != TRANSCRIPTIONS_PATH:
+            if path == REALTIME_PATH or path in ("/health", "/metrics", "/v1/models"):
+                return HttpError(405, "method_not_allowed", f"{path} takes GET, not {request.method}")
+            return HttpError(404, "not_found", f"{request.method} {path}: no such endpoint (file uploads go to "
+                             f"POST {TRANSCRIPTIONS_PATH})")
+        if request.method != "POST":
+            return HttpError(405, "method_not_allowed", f"{TRANSCRIPTIONS_PATH} takes POST, not {request.method}")
+        key = auth.extract_api_key(request.header("authorization"), request.target, [])
+        if self.settings.auth_enabled and auth.key_index(key, self.settings.api_keys) is None:
+            self.metrics.rejected.inc("unauthorized")
+            return HttpError(401, "invalid_api_key", "Missing or invalid API key")
+        refusal = self._http_refusal(self._http_client(request, conn))
+        if refusal is not None:
+            self.metrics.rejected.inc(refusal.code)
+        return refusal
+
+    def _http_refusal(self, client: str) -> HttpError | None:
+        if self.draining or self._stopped:
+            return HttpError(503, "server_shutting_down", "The server is shutting down and takes no new requests; "
+                             "try another instance or again later")
+        if self._sessions_open() >= self.settings.max_sessions:
+            return HttpError(503, "server_full", f"The server is full ({self.settings.max_sessions} sessions and "
+                             "transcriptions); try again later")
+        quota = self.settings.max_sessions_per_client
+        if quota and self._sessions_of[client] >= quota:
+            return HttpError(429, "too_many_sessions", f"This client ({client}) already has {quota} sessions open, "
+                             "the most one client may hold; try again later")
+        return None
+
+    def _http_client(self, request: HttpRequest, conn: HttpAwareConnection) -> str:
+        if self.settings.auth_enabled:
+            index = auth.key_index(auth.extract_api_key(request.header("authorization"), request.target, []),
+                                   self.settings.api_keys)
+            if index is not None:
+                return f"key #{index + 1}"
+        peer = conn.remote_address
+        return str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+
+    async def _handle_http(self, request: HttpRequest, reply: HttpReply, conn: HttpAwareConnection) -> None:
+        client = self._http_client(request, conn)
+        refusal = self._http_refusal(client)  # again: the body took time to arrive
+        if refusal is not None:
+            self.metrics.rejected.inc(refusal.code)
+            reply.fail(refusal.status, refusal.code, refusal.message)
+            return
+        loop = asyncio.get_running_loop()
+        events = self.ctx.engine_events(loop)
+
+        def open_stream(delay_ms: int | None, on_token, on_end) -> EngineStream:  # type: ignore[no-untyped-def]
+            return EngineStream(self.engine, events, delay_ms=delay_ms, offset_ms=0, on_token=on_token, on_end=on_end)
+
+        self.http_jobs.add(conn)
+        self._sessions_of[client] += 1
+        self.metrics.http_active.set(len(self.http_jobs))
+        t0, seconds, outcome = time.monotonic(), 0.0, "200"
+        try:
+            seconds = await serve_transcription(
+                (request.header("content-type"), request.body), reply,
+                served=self.settings.served_model_names, stall_timeout_s=self.settings.engine_stall_timeout_s,
+                open_stream=open_stream)
+            self.metrics.http_audio_seconds.inc(amount=seconds)
+        except ProtocolError as err:
+            outcome = str(protocol_error_status(err))
+            reply.fail(protocol_error_status(err), err.code, err.message, err.param)
+        except HttpError as err:
+            outcome = str(err.status)
+            reply.fail(err.status, err.code, err.message)
+        except AdmissionError as err:
+            outcome = "503"
+            reply.fail(503, "server_full", f"The engine cannot take another stream now: {err.reason}")
+        except ConfigError as err:
+            outcome = "400"
+            reply.fail(400, "invalid_value", str(err))
+        except asyncio.CancelledError:
+            outcome = "client_gone" if conn.client_left else "503"
+            raise
+        finally:
+            self.http_jobs.discard(conn)
+            self._release_client(client)
+            self.metrics.http_active.set(len(self.http_jobs))
+            self.metrics.http_requests.inc(outcome)
+            logger.info("POST %s (%s): %s after %.2f s, %.1f s of audio", TRANSCRIPTIONS_PATH, client, outcome,
+                        time.monotonic() - t0, seconds)
 
     def _client_of(self, ws: ServerConnection) -> str:
         """Who opened `ws`: "key #N" (the N-th configured key, from 1) with keys, else the peer's address."""
@@ -264,6 +379,7 @@ class StreamServer:
         except Exception as exc:  # an engine that cannot even report is not healthy
             engine, status = {"error": f"{type(exc).__name__}: {exc}"}, "error"
         return {"status": status, "models": list(self.settings.served_model_names),
-                "active_sessions": len(self.active), "max_sessions": self.settings.max_sessions,
+                "active_sessions": len(self.active), "active_transcriptions": len(self.http_jobs),
+                "max_sessions": self.settings.max_sessions,
                 "engine": engine, "uptime_s": round(time.time() - self.ctx.started_at, 1),
                 "pid": os.getpid()}  # which server process answered (`--workers`: one of several)

@@ -4,13 +4,17 @@ self-signed certificate in tests/tls/. The browser demo over https is tested in 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import io
 import json
 import logging
 import ssl
 import urllib.request
 from pathlib import Path
 
+import openai
 import pytest
+import soundfile as sf
 from test_server_common import (  # noqa: F401  (fixtures)
     MODEL,
     ckpt,
@@ -51,6 +55,13 @@ async def test_wss_and_https_on_the_same_port(start_server, reference):
     # the load tester (and any client) trusts a self-signed server through its certificate file
     res = await loadtest.transcribe_pcm(ClientConfig(url=srv.ws_url, model=MODEL, ca_file=str(CERT)), pcm16(AUDIO))
     assert res.completed and res.text == reference(AUDIO)
+    # file uploads (POST /v1/audio/transcriptions) over https, with the official SDK
+    wav = io.BytesIO()
+    sf.write(wav, AUDIO, 16000, format="WAV", subtype="PCM_16")
+    client = openai.OpenAI(base_url=f"{srv.http_url}/v1", api_key="unused", max_retries=0,
+                           http_client=openai.DefaultHttpxClient(verify=trusting()))
+    r = await asyncio.to_thread(client.audio.transcriptions.create, model=MODEL, file=("a.wav", wav.getvalue()))
+    assert r.text == reference(AUDIO)
 
 
 async def test_plain_clients_fail_at_the_handshake_and_harm_nobody(start_server, reference):

@@ -1,0 +1,437 @@
+"""POST /v1/audio/transcriptions: the official OpenAI SDK's file transcription, raw HTTP clients, and every refusal.
+
+Transcripts are held to the single-stream reference of the audio the server decoded; word timings to what a
+websocket session reports for the same audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+from openai import OpenAI
+from test_server_common import (  # noqa: F401  (fixtures)
+    MODEL,
+    StalledEngine,
+    ckpt,
+    clip,
+    engine,
+    open_vllm,
+    reference,
+    send_utterance_vllm,
+    read_utterance_vllm,
+    recv_json,
+    start_server,
+)
+from websockets.asyncio.client import connect
+
+from realtime.audio import decode_audio_bytes
+from realtime.subtitles import format_srt, format_vtt, subtitle_cues
+from realtime.timestamps import Word
+from stream_server.multipart import parse_form
+from stream_server.http_requests import HttpError, HttpRequestReader
+from stream_server.transcriptions import TRANSCRIPTIONS_PATH
+
+PATH = TRANSCRIPTIONS_PATH
+
+
+def wav_bytes(audio: np.ndarray, rate: int = 16000, fmt: str = "WAV", subtype: str | None = "PCM_16") -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, audio, rate, format=fmt, subtype=subtype)
+    return buf.getvalue()
+
+
+def sdk(srv, **kw) -> OpenAI:
+    return OpenAI(base_url=f"{srv.http_url}/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
+
+
+def multipart(fields: list[tuple[str, bytes | str, str | None]], boundary: str = "b0undary") -> tuple[str, bytes]:
+    """(content type, body) of a form: (name, value, filename)."""
+    out = bytearray()
+    for name, value, filename in fields:
+        out += f"--{boundary}\r\n".encode()
+        disp = f'Content-Disposition: form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        out += disp.encode() + b"\r\n"
+        if filename:
+            out += b"Content-Type: application/octet-stream\r\n"
+        out += b"\r\n" + (value.encode() if isinstance(value, str) else value) + b"\r\n"
+    out += f"--{boundary}--\r\n".encode()
+    return f"multipart/form-data; boundary={boundary}", bytes(out)
+
+
+def raw_request(port: int, head: bytes, body: bytes = b"", *, timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP exchange on a plain socket: (status, headers, body read until the server closes)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(head + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return parse_response(data)
+
+
+def parse_response(data: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+def post_head(port: int, content_type: str, length: int | None, extra: str = "", path: str = PATH) -> bytes:
+    size = f"Content-Length: {length}\r\n" if length is not None else "Transfer-Encoding: chunked\r\n"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {content_type}\r\n{size}{extra}"
+            "\r\n").encode()
+
+
+@contextlib.contextmanager
+def upload_in_flight(srv, stalled: StalledEngine, seed: int) -> Iterator[socket.socket]:
+    """A raw upload to a server on a `StalledEngine`, held open (its socket) once its audio reached the engine."""
+    ctype, body = multipart([("file", wav_bytes(clip(1.0, seed=seed)), "t.wav")])
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+        s.sendall(post_head(srv.port, ctype, len(body)) + body)
+        deadline = time.monotonic() + 10
+        while not stalled.pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stalled.pending, "the upload never reached the engine"
+        yield s
+
+
+async def ws_words(url: str, audio: np.ndarray) -> tuple[str, list[dict]]:
+    ws = await open_vllm(url)
+    try:
+        await send_utterance_vllm(ws, audio)
+        _, done = await read_utterance_vllm(ws)
+    finally:
+        await ws.close()
+    return done["text"], done["words"]
+
+
+# -- the official SDK ----------------------------------------------------------------------------------------------
+def test_sdk_every_response_format(start_server, reference):
+    srv = start_server()
+    audio = clip(4.0, seed=11)
+    data = wav_bytes(audio)
+    expected = reference(audio)
+    client = sdk(srv)
+    r = client.audio.transcriptions.create(model=MODEL, file=("talk.wav", data, "audio/wav"))
+    assert r.text == expected and r.usage.type == "duration" and r.usage.seconds == pytest.approx(4.0)
+    assert client.audio.transcriptions.create(model=MODEL, file=("t.wav", data), response_format="text") == expected
+    verbose = client.audio.transcriptions.create(model=MODEL, file=("t.wav", data), response_format="verbose_json",
+                                                 timestamp_granularities=["word", "segment"])
+    assert verbose.text == expected and verbose.duration == pytest.approx(4.0) and verbose.language == "unknown"
+    # the words and their timings are exactly a websocket session's
+    ws_text, ws_word_list = asyncio.run(ws_words(srv.ws_url, audio))
+    assert ws_text == expected
+    assert [(w.word, w.start, w.end) for w in verbose.words] == [
+        (w["word"], w["start_ms"] / 1000, w["end_ms"] / 1000) for w in ws_word_list]
+    assert " ".join(s.text for s in verbose.segments) == " ".join(w.word for w in verbose.words)
+    assert [s.id for s in verbose.segments] == list(range(len(verbose.segments)))
+    assert all(s.start <= s.end for s in verbose.segments)
+    words = [Word(w["word"], w["start_ms"], w["end_ms"]) for w in ws_word_list]
+    srt = client.audio.transcriptions.create(model=MODEL, file=("t.wav", data), response_format="srt")
+    vtt = client.audio.transcriptions.create(model=MODEL, file=("t.wav", data), response_format="vtt")
+    assert srt == format_srt(subtitle_cues(words)) and vtt == format_vtt(subtitle_cues(words))
+    if words:
+        assert vtt.startswith("WEBVTT\n\n") and " --> " in vtt
+    # verbose_json without granularities: segments only, as OpenAI's default
+    plain = client.audio.transcriptions.create(model=MODEL, file=("t.wav", data), response_format="verbose_json")
+    assert plain.words is None and len(plain.segments) == len(verbose.segments)
+
+
+def test_sdk_streaming_deltas(start_server, reference):
+    srv = start_server()
+    audio = clip(3.5, seed=12)
+    events = list(sdk(srv).audio.transcriptions.create(model=MODEL, file=("t.wav", wav_bytes(audio)), stream=True))
+    assert [e.type for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1)
+    done = events[-1]
+    assert done.type == "transcript.text.done" and done.text == reference(audio)
+    assert "".join(e.delta for e in events[:-1]) == done.text
+    assert done.usage.output_tokens > 0 and done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens
+
+
+@pytest.mark.parametrize("fmt,rate,channels,subtype", [("MP3", 24000, 2, None), ("FLAC", 44100, 1, "PCM_16"),
+                                                        ("OGG", 48000, 1, "OPUS"), ("WAV", 8000, 1, "ULAW")])
+def test_upload_formats_decode_like_the_file_reader(start_server, reference, fmt, rate, channels, subtype):
+    """Any rate and channel count, compressed or not: the transcript is the reference's for the audio the server's
+    decoder (the same one `realtime.transcribe` uses) makes of the bytes."""
+    srv = start_server()
+    base = clip(2.5, seed=13)
+    t = np.arange(int(2.5 * rate)) / rate
+    audio = np.interp(t, np.arange(base.size) / 16000, base).astype(np.float32) * 0.8
+    if channels == 2:
+        audio = np.stack([audio, 0.5 * audio], axis=1)
+    data = wav_bytes(audio, rate, fmt, subtype)
+    text = sdk(srv).audio.transcriptions.create(model=MODEL, file=(f"x.{fmt.lower()}", data), response_format="text")
+    assert text == reference(decode_audio_bytes(data))
+
+
+def test_delay_and_model_fields(start_server, reference):
+    srv = start_server()
+    audio = clip(3.0, seed=14)
+    r = sdk(srv).audio.transcriptions.create(model=MODEL, file=("t.wav", wav_bytes(audio)), language="en",
+                                             temperature=0.0, extra_body={"transcription_delay_ms": 960})
+    assert r.text == reference(audio, delay_ms=960)
+    # curl users often leave out the model: the first served one
+    ctype, body = multipart([("file", wav_bytes(audio), "t.wav"), ("response_format", "text", None)])
+    status, _, out = raw_request(srv.port, post_head(srv.port, ctype, len(body)), body)
+    assert status == 200 and out.decode() == reference(audio)
+
+
+# -- raw HTTP clients ----------------------------------------------------------------------------------------------
+def test_chunked_upload_with_expect_continue(start_server, reference):
+    """curl's way for big files: `Expect: 100-continue`, the body only after the server's 100, here chunked."""
+    srv = start_server()
+    audio = clip(2.0, seed=15)
+    ctype, body = multipart([("model", MODEL, None), ("file", wav_bytes(audio), "t.wav")])
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+        s.sendall(post_head(srv.port, ctype, None, "Expect: 100-continue\r\n"))
+        assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        for i in range(0, len(body), 7000):
+            piece = body[i: i + 7000]
+            s.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        s.sendall(b"0\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    status, headers, out = parse_response(data)
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert json.loads(out)["text"] == reference(audio)
+
+
+def test_refusals_are_openai_errors(start_server):
+    srv = start_server(max_upload_bytes=200_000)
+    client = sdk(srv)
+    good = wav_bytes(clip(1.0, seed=16))
+    cases = [
+        ({"file": ("t.wav", b"RIFF\x00\x00\x00\x00WAVEjunk")}, 400, "invalid_audio", "file"),
+        ({"file": ("t.wav", b"")}, 400, "invalid_audio", "file"),
+        ({"model": "whisper-1"}, 404, "model_not_found", "model"),
+        ({"prompt": "Names: Ada"}, 400, "unsupported_value", "prompt"),
+        ({"temperature": 0.4}, 400, "unsupported_value", "temperature"),
+        ({"response_format": "xml"}, 400, "invalid_value", "response_format"),
+        ({"response_format": "json", "timestamp_granularities": ["word"]}, 400, "invalid_value",
+         "timestamp_granularities[]"),
+        ({"include": ["logprobs"]}, 400, "unknown_parameter", "include[]"),
+        ({"chunking_strategy": {"type": "server_vad"}}, 400, None, None),
+        ({"extra_body": {"transcription_delay_ms": 100}}, 400, "invalid_value", "transcription_delay_ms"),
+        ({"extra_body": {"language": "<script>"}}, 400, "invalid_value", "language"),
+        ({"file": ("big.wav", b"\x00" * 300_000)}, 413, "request_too_large", None),
+    ]
+    for kw, status, code, param in cases:
+        args = {"model": MODEL, "file": ("t.wav", good), **kw}
+        with pytest.raises(openai.APIStatusError) as info:
+            client.audio.transcriptions.create(**args)
+        err = info.value
+        assert err.status_code == status, (kw, err)
+        body = err.body if isinstance(err.body, dict) else {}
+        if code is not None:
+            assert body.get("code") == code, (kw, body)
+        if param is not None:
+            assert body.get("param") == param, (kw, body)
+        assert body.get("message"), (kw, body)
+    with pytest.raises(openai.APIStatusError) as info:
+        client.audio.transcriptions.create(model=MODEL, file=("t.wav", good), response_format="srt", stream=True)
+    assert info.value.status_code == 400 and "stream" in info.value.message
+    # the server is fine afterwards
+    assert client.audio.transcriptions.create(model=MODEL, file=("t.wav", good)).text is not None
+
+
+def test_raw_refusals(start_server):
+    srv = start_server(max_upload_bytes=100_000)
+    port = srv.port
+    ctype, body = multipart([("file", wav_bytes(clip(1.0, seed=17)), "t.wav")])
+
+    def code_of(head: bytes, data: bytes = b"") -> tuple[int, str]:
+        status, headers, out = raw_request(port, head, data)
+        assert headers["connection"] == "close"
+        return status, json.loads(out)["error"]["code"]
+
+    assert code_of(post_head(port, "application/json", 2), b"{}") == (415, "unsupported_media_type")
+    assert code_of(post_head(port, ctype, len(body), path="/v1/audio/translations"), body) == (404, "not_found")
+    assert code_of(post_head(port, ctype, len(body), path="/health"), body) == (405, "method_not_allowed")
+    assert code_of(post_head(port, ctype, len(body), path="/v1/realtime"), body) == (405, "method_not_allowed")
+    assert code_of(f"PUT {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode()) == (
+        405, "method_not_allowed")
+    assert code_of(post_head(port, ctype, 10**9)) == (413, "request_too_large")  # refused before any body byte
+    assert code_of(post_head(port, ctype, 5, "Transfer-Encoding: chunked\r\n"), body) == (400, "bad_request")
+    assert code_of(post_head(port, ctype, len(body)), body[:-40] + b"x" * 40) == (400, "bad_request")
+    status, _, out = raw_request(port, post_head(port, ctype, len(body) + 10), body + b"0123456789")
+    assert status == 200 and "text" in json.loads(out)  # an epilogue after the closing boundary is allowed
+    assert code_of(post_head(port, ctype, None), b"zz\r\n") == (400, "bad_request")
+    # GET on the upload path names the method it takes
+    status, headers, out = raw_request(port, f"GET {PATH} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert status == 405 and headers["allow"] == "POST"
+
+
+def test_slow_upload_times_out(start_server):
+    srv = start_server(idle_timeout_s=0.5)
+    ctype, _ = multipart([])
+    t0 = time.monotonic()
+    status, _, out = raw_request(srv.port, post_head(srv.port, ctype, 1000), b"--b0und", timeout=10)
+    assert status == 408 and json.loads(out)["error"]["code"] == "request_timeout"
+    assert time.monotonic() - t0 < 5
+
+
+def test_api_key_is_checked_before_the_body(start_server, reference):
+    srv = start_server(api_keys=("k1", "k2"))
+    audio = clip(1.5, seed=18)
+    with pytest.raises(openai.AuthenticationError):
+        sdk(srv, api_key="wrong").audio.transcriptions.create(model=MODEL, file=("t.wav", wav_bytes(audio)))
+    assert sdk(srv, api_key="k2").audio.transcriptions.create(
+        model=MODEL, file=("t.wav", wav_bytes(audio))).text == reference(audio)
+    ctype, body = multipart([("file", wav_bytes(audio), "t.wav")])
+    status, _, _ = raw_request(srv.port, post_head(srv.port, ctype, len(body), "Expect: 100-continue\r\n"))
+    assert status == 401  # answered without waiting for (or asking for) the body
+
+
+# -- capacity, stalls, clients that leave, shutdown -----------------------------------------------------------
+def test_full_server_and_concurrent_sessions(start_server, reference):
+    """Uploads count as sessions: a full server refuses one (503), and uploads next to a live websocket session
+    all get their own reference transcripts."""
+    srv = start_server(max_sessions=3)
+    audios = [clip(2.0 + 0.5 * i, seed=20 + i) for i in range(3)]
+    results: dict[int, str] = {}
+
+    def upload(i: int) -> None:
+        results[i] = sdk(srv).audio.transcriptions.create(model=MODEL, file=("t.wav", wav_bytes(audios[i])),
+                                                          response_format="text")
+
+    async def ws_then_uploads() -> str:
+        ws = await open_vllm(srv.ws_url)
+        try:
+            threads = [threading.Thread(target=upload, args=(i,)) for i in (1, 2)]
+            for t in threads:
+                t.start()
+            await send_utterance_vllm(ws, audios[0])
+            _, done = await read_utterance_vllm(ws)
+            for t in threads:
+                await asyncio.to_thread(t.join, 60)
+            return done["text"]
+        finally:
+            await ws.close()
+
+    assert asyncio.run(ws_then_uploads()) == reference(audios[0])
+    assert results == {1: reference(audios[1]), 2: reference(audios[2])}
+
+    stalled = StalledEngine(srv.engine)
+    full = start_server(engine_override=stalled, max_sessions=1, engine_stall_timeout_s=30)
+    with upload_in_flight(full, stalled, seed=20):
+        with pytest.raises(openai.InternalServerError) as info:
+            sdk(full).audio.transcriptions.create(model=MODEL, file=("t.wav", wav_bytes(audios[0])))
+        assert info.value.status_code == 503 and info.value.body["code"] == "server_full"
+    # the first client left: its engine stream is closed
+    deadline = time.monotonic() + 10
+    while stalled.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not stalled.pending
+
+
+def test_per_client_quota_counts_uploads(start_server, engine):
+    stalled = StalledEngine(engine)
+    srv = start_server(engine_override=stalled, max_sessions_per_client=1, engine_stall_timeout_s=30)
+    with upload_in_flight(srv, stalled, seed=33):
+        with pytest.raises(openai.RateLimitError) as info:
+            sdk(srv).audio.transcriptions.create(model=MODEL, file=("t.wav", wav_bytes(clip(1.0, seed=33))))
+        assert info.value.body["code"] == "too_many_sessions"
+
+        async def ws_refused() -> dict:
+            async with connect(srv.ws_url) as ws:
+                return await recv_json(ws)
+
+        assert asyncio.run(ws_refused())["code"] == "too_many_sessions"  # a websocket session too
+
+
+def test_stalled_engine_is_reported(start_server, engine):
+    stalled = StalledEngine(engine)
+    st = start_server(engine_override=stalled, engine_stall_timeout_s=0.5)
+    client = sdk(st)
+    with pytest.raises(openai.InternalServerError) as info:
+        client.audio.transcriptions.create(model=MODEL, file=("t.wav", wav_bytes(clip(1.0, seed=30))))
+    assert info.value.status_code == 500 and info.value.body["code"] == "engine_stalled"
+    # streaming: the error arrives as an event, which the SDK raises
+    with pytest.raises(openai.APIError, match="no progress"):
+        list(client.audio.transcriptions.create(model=MODEL, file=("t.wav", wav_bytes(clip(1.0, seed=30))),
+                                                stream=True))
+    assert not stalled.pending
+
+
+def test_shutdown_answers_running_uploads(start_server, engine):
+    stalled = StalledEngine(engine)
+    st = start_server(engine_override=stalled, drain_timeout_s=0.3, engine_stall_timeout_s=60)
+    with upload_in_flight(st, stalled, seed=31) as s:
+        st.shut_down().result(30)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    status, _, out = parse_response(data)
+    assert status == 503 and json.loads(out)["error"]["code"] == "server_shutting_down"
+    assert not stalled.pending
+
+
+def test_metrics_and_health_count_uploads(start_server):
+    srv = start_server()
+    client = sdk(srv)
+    client.audio.transcriptions.create(model=MODEL, file=("t.wav", wav_bytes(clip(1.0, seed=32))))
+    with pytest.raises(openai.BadRequestError):
+        client.audio.transcriptions.create(model=MODEL, file=("t.wav", b"nonsense"))
+    status, _, out = raw_request(srv.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    text = out.decode()
+    assert 'streamscribe_http_transcriptions_total{status="200"} 1' in text
+    assert 'streamscribe_http_transcriptions_total{status="400"} 1' in text
+    assert "streamscribe_http_transcribed_audio_seconds_total 1" in text
+    status, _, out = raw_request(srv.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert json.loads(out)["active_transcriptions"] == 0
+
+
+# -- the pieces ----------------------------------------------------------------------------------------------------
+def test_request_reader_limits_and_chunks():
+    body = b"hello world, " * 10
+    chunked = b"".join(f"{len(body[i:i + 9]):x};ext=1\r\n".encode() + body[i:i + 9] + b"\r\n"
+                       for i in range(0, len(body), 9)) + b"0\r\nTrailer: x\r\n\r\n"
+    head = b"POST /p HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for step in (1, 5, 1000):  # any split of the bytes
+        r = HttpRequestReader(max_body_bytes=1000)
+        data, got = head + chunked, None
+        for i in range(0, len(data), step):
+            out = r.feed(data[i:i + step])
+            got = got or out
+        assert got is not None and got.body == body and got.header("HOST") == "h"
+    r = HttpRequestReader(max_body_bytes=100)
+    with pytest.raises(HttpError) as info:
+        r.feed(head + chunked)
+    assert info.value.status == 413
+    with pytest.raises(HttpError) as info:
+        HttpRequestReader(max_body_bytes=10).feed(b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n")
+    assert info.value.status == 413
+    for bad in (b"POST / HTTP/2\r\n\r\n", b"POST /\r\n\r\n", b"POST / HTTP/1.1\r\nNo colon\r\n\r\n",
+                b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", b"POST / HTTP/1.1\r\nContent-Length: 1\r\n"
+                b"Content-Length: 2\r\n\r\n", b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n"):
+        with pytest.raises(HttpError):
+            HttpRequestReader(max_body_bytes=100).feed(bad)
+    with pytest.raises(HttpError) as info:
+        HttpRequestReader(max_body_bytes=100).feed(b"POST / HTTP/1.1\r\n" + b"X: y\r\n" * 6000)
+    assert info.value.status == 431
+
+
+def test_multipart_parts_keep_binary_data():
+    blob = bytes(range(256)) * 4 + b"\r\n--b0undar" + b"\r\n"
+    ctype, body = multipart([("model", "m", None), ("file", blob, "ré sumé.wav")])
+    parts = parse_form(ctype, body)
+    assert [(p.name, p.filename) for p in parts] == [("model", None), ("file", "ré sumé.wav")]
+    assert parts[0].data == b"m" and parts[1].data == blob
+    for bad_type in ("application/json", "multipart/form-data", None):
+        with pytest.raises(HttpError):
+            parse_form(bad_type, body)
+    with pytest.raises(HttpError):
+        parse_form(ctype, body[:-20])
+    assert parse_form(ctype, b"preamble\r\n--b0undary--\r\n") == []
+
