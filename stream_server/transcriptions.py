@@ -181,7 +181,8 @@ class TranscriptionJob:
             self.stream.close()  # frees the engine stream however this ends (a client that left cancels us)
         if outcome.error is not None:
             raise HttpError(500, "processing_error", f"the engine failed this file: {outcome.error}")
-        return TranscriptionResult(outcome.text, outcome.words, self._tokens, self.audio.size / SAMPLE_RATE,
+        # as OpenAI's API and `realtime.transcribe` give it: without the space the first word's token begins with
+        return TranscriptionResult(outcome.text.strip(), outcome.words, self._tokens, self.audio.size / SAMPLE_RATE,
                                    outcome.prompt_tokens, outcome.completion_tokens)
 
 
@@ -220,6 +221,28 @@ def render(req: TranscriptionRequest, result: TranscriptionResult) -> tuple[byte
     return json.dumps(verbose).encode(), "application/json"
 
 
+class TrimmedDeltas:
+    """Token texts as deltas whose concatenation is the stripped transcript: whitespace before the first word is
+    dropped, and whitespace is held back until a word follows it (so none trails the last word)."""
+
+    def __init__(self) -> None:
+        self._started = False
+        self._held = ""
+
+    def push(self, text: str) -> str:
+        if not self._started:
+            text = text.lstrip()
+            if not text:
+                return ""
+            self._started = True
+        body = text.rstrip()
+        if not body:
+            self._held += text
+            return ""
+        out, self._held = self._held + body, text[len(body):]
+        return out
+
+
 def sse(event: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
 
@@ -251,6 +274,7 @@ async def serve_transcription(parts_body: tuple[str | None, bytes], reply: HttpR
     reply.start(200, EVENT_STREAM, {"X-Accel-Buffering": "no"})
     runner = asyncio.create_task(job.run(stall_timeout_s))
     runner.add_done_callback(lambda _: queue.put_nowait(None))
+    trim = TrimmedDeltas()
     try:
         finished = False
         while not finished:
@@ -259,7 +283,8 @@ async def serve_transcription(parts_body: tuple[str | None, bytes], reply: HttpR
                 batch.append(queue.get_nowait())
             finished = batch[-1] is None
             # every text delivered so far, one event per token, in order, in one write
-            reply.write(b"".join(sse({"type": "transcript.text.delta", "delta": t}) for t in batch if t is not None))
+            deltas = [trim.push(t) for t in batch if t is not None]
+            reply.write(b"".join(sse({"type": "transcript.text.delta", "delta": d}) for d in deltas if d))
         result = runner.result()
     finally:
         if not runner.done():
