@@ -1,4 +1,5 @@
-// streamscribe demo page: microphone or WAV file -> 16 kHz PCM16 -> /v1/realtime -> live transcript.
+// streamscribe demo page: microphone or WAV file -> 16 kHz PCM16 -> /v1/realtime -> live transcript;
+// or a file uploaded to /v1/audio/transcriptions (stream=true), its text read from server-sent events.
 //
 // Test hooks: #transcript holds exactly the concatenated delta text; window.streamscribe exposes
 // the run state; with ?debug=pcm in the URL (or streamscribe.debug.keepPcm = true) the page keeps
@@ -22,6 +23,7 @@ const ui = {
   mic: $("mic-btn"),
   sample: $("sample-btn"),
   file: $("file-input"),
+  upload: $("upload-input"),
   stop: $("stop-btn"),
   playAloud: $("play-aloud"),
   status: $("status"),
@@ -40,7 +42,7 @@ const ui = {
 const keptPcm = [];
 const state = {
   state: "idle", // idle | connecting | streaming | finishing | done | error
-  mode: null, // "mic" | "file"
+  mode: null, // "mic" | "file" | "upload"
   model: "",
   delayMs: DEFAULT_DELAY_MS,
   inputRate: null, // audio context rate the worklet resampled from (mic mode)
@@ -54,6 +56,7 @@ const state = {
   latency: { last: null, p50: null, p95: null, count: 0, values: [] },
   firstTextMs: null,
   usage: null,
+  audioSeconds: null, // upload: the file's duration, from the server
   words: [],
   errors: [],
   debug: { keepPcm: new URLSearchParams(location.search).get("debug") === "pcm" },
@@ -73,6 +76,7 @@ window.streamscribe = state;
 
 let client = null;
 let source = null;
+let upload = null; // AbortController of the upload in progress
 let runId = 0;
 let lastServerMessage = 0;
 let watchdog = null;
@@ -98,6 +102,7 @@ function setState(next, detail = "") {
   ui.mic.disabled = busy;
   ui.sample.disabled = busy;
   ui.file.disabled = busy;
+  ui.upload.disabled = busy;
   ui.model.disabled = busy;
   ui.delay.disabled = busy;
   ui.apiKey.disabled = busy;
@@ -173,6 +178,7 @@ function resetRun(mode) {
     latency: { last: null, p50: null, p95: null, count: 0, values: [] },
     firstTextMs: null,
     usage: null,
+    audioSeconds: null,
     words: [],
     errors: [],
   });
@@ -234,6 +240,13 @@ function onPcm(pcm) {
 }
 
 async function stopAudio() {
+  if (state.mode === "upload" && upload) {
+    runId++;
+    upload.abort(); // the server sees the client leave and stops the file's transcription
+    upload = null;
+    setState("idle", "Cancelled.");
+    return;
+  }
   if (state.state === "connecting") {
     runId++; // the run in progress sees it was cancelled
     teardown();
@@ -261,6 +274,8 @@ function fail(message, code = null) {
 }
 
 function teardown() {
+  if (upload) upload.abort();
+  upload = null;
   clearInterval(watchdog);
   watchdog = null;
   if (source) source.stop().catch(() => {});
@@ -328,7 +343,8 @@ function onDone(msg) {
   if (state.finalText !== state.text) {
     showError("The final transcript differs from the streamed text; showing the streamed text.");
   }
-  setState("done", `Done: ${state.deltas} updates, ${(state.sentPcm / 2 / RATE).toFixed(1)} s of audio.`);
+  const seconds = state.mode === "upload" ? state.audioSeconds ?? 0 : state.sentPcm / 2 / RATE;
+  setState("done", `Done: ${state.deltas} updates, ${seconds.toFixed(1)} s of audio.`);
   teardown();
   queueRender();
 }
@@ -449,6 +465,78 @@ function render() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Upload: POST /v1/audio/transcriptions with stream=true; the body is server-sent events
+
+async function startUpload(file) {
+  const run = ++runId;
+  resetRun("upload");
+  setState("connecting", `Uploading ${file.name}…`);
+  const form = new FormData();
+  form.append("file", file, file.name);
+  form.append("model", state.model);
+  form.append("stream", "true");
+  form.append("transcription_delay_ms", String(state.delayMs));
+  const headers = ui.apiKey.value ? { Authorization: `Bearer ${ui.apiKey.value}` } : {};
+  upload = new AbortController();
+  const started = performance.now();
+  try {
+    const resp = await fetch("/v1/audio/transcriptions", { method: "POST", body: form, headers, signal: upload.signal });
+    if (!resp.ok) {
+      const body = await resp.json().catch(() => null);
+      const err = body?.error ?? {};
+      const hint = resp.status === 401 ? ": enter a valid API key" : "";
+      throw Object.assign(new Error(`${err.message ?? `HTTP ${resp.status}`}${hint}`), { code: err.code ?? null });
+    }
+    if (run !== runId) return;
+    setState("streaming", "Transcribing the file as fast as the server can…");
+    const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffered = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffered += value;
+      let cut;
+      while ((cut = buffered.indexOf("\n\n")) >= 0) {
+        const event = buffered.slice(0, cut);
+        buffered = buffered.slice(cut + 2);
+        if (run !== runId) return;
+        onUploadEvent(event, started);
+      }
+    }
+    if (run === runId && !state.done && state.state !== "error") {
+      fail("The server closed the upload's stream before the final transcript.");
+    }
+  } catch (err) {
+    if (run === runId && err.name !== "AbortError") fail(err.message || String(err), err.code ?? null);
+  } finally {
+    if (run === runId) upload = null;
+  }
+}
+
+function onUploadEvent(block, started) {
+  const data = block
+    .split("\n")
+    .filter((line) => line.startsWith("data:"))
+    .map((line) => line.slice(5).trimStart())
+    .join("\n");
+  if (!data || data === "[DONE]") return;
+  const msg = JSON.parse(data);
+  lastServerMessage = performance.now();
+  if (msg.error) {
+    fail(msg.error.message ?? "The server failed the transcription.", msg.error.code ?? null);
+  } else if (msg.type === "transcript.text.delta") {
+    state.deltas += 1;
+    state.text += msg.delta;
+    appendTranscript(msg.delta);
+    if (state.firstTextMs === null && msg.delta.trim()) state.firstTextMs = performance.now() - started;
+    queueRender();
+  } else if (msg.type === "transcript.text.done") {
+    state.audioSeconds = typeof msg.duration === "number" ? msg.duration : null;
+    onDone(msg);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Controls
 
 async function readFileSource(ctx, bytesPromise) {
@@ -491,6 +579,12 @@ function init() {
     if (!file) return;
     startRun("file", (ctx) => readFileSource(ctx, file.arrayBuffer()));
     ui.file.value = ""; // choosing the same file again starts another run
+  });
+  ui.upload.addEventListener("change", () => {
+    const file = ui.upload.files[0];
+    if (!file) return;
+    startUpload(file);
+    ui.upload.value = "";
   });
   ui.stop.addEventListener("click", () => stopAudio());
   setState("idle");

@@ -292,7 +292,10 @@ async def serve_transcription(parts_body: tuple[str | None, bytes], reply: HttpR
             await asyncio.gather(runner, return_exceptions=True)
     usage = {"type": "tokens", "input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens,
              "total_tokens": result.prompt_tokens + result.completion_tokens}
-    reply.write(sse({"type": "transcript.text.done", "text": result.text, "usage": usage}) + b"data: [DONE]\n\n")
+    # our extensions, as on the websocket sessions' final events: the file's duration and every word's timing
+    done = {"type": "transcript.text.done", "text": result.text, "usage": usage,
+            "duration": round(result.duration_s, 3), "words": [w.to_json() for w in result.words]}
+    reply.write(sse(done) + b"data: [DONE]\n\n")
     return result.duration_s
 
 

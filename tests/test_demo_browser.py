@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -397,6 +398,39 @@ async def test_held_out_voice_through_the_microphone_shows_the_right_words(serve
     assert res["transcript"] == replay, f"page {res['transcript']!r} != websocket replay {replay!r}"
     assert normalise(res["transcript"]) == HELDOUT_TEXT, \
         f"page showed {res['transcript']!r} (websocket replay {replay!r}), expected {HELDOUT_TEXT!r}"
+
+
+async def test_uploaded_file_shows_the_right_words(server: Server) -> None:
+    """"Transcribe a file, fast": the page uploads the held-out voice's WAV to POST /v1/audio/transcriptions
+    (stream=true) and shows the streamed text, the right words, and every word's timing; the text is what the API
+    gives any client for the file."""
+    browser = await launch()
+    try:
+        page = await open_demo(browser, server)
+        doc = await page.call("DOM.getDocument")
+        node = await page.call("DOM.querySelector", nodeId=doc["root"]["nodeId"], selector="#upload-input")
+        await page.call("DOM.setFileInputFiles", files=[str(HELDOUT)], nodeId=node["nodeId"])
+        await page.wait_for("streamscribe.done || streamscribe.state === 'error'", RUN_TIMEOUT_S, "the transcript")
+        res = json.loads(await page.eval("""JSON.stringify({
+            transcript: document.getElementById('transcript').textContent, text: streamscribe.text,
+            finalText: streamscribe.finalText, state: streamscribe.state, errors: streamscribe.errors,
+            mode: streamscribe.mode, words: streamscribe.words.map((w) => w.text),
+            listed: document.querySelectorAll('#words li').length,
+            status: document.getElementById('status').textContent})"""))
+    finally:
+        await close(browser)
+
+    assert res["state"] == "done" and res["errors"] == [] and res["mode"] == "upload", res
+    assert res["transcript"] == res["text"] == res["finalText"]
+    assert normalise(res["transcript"]) == HELDOUT_TEXT, res["transcript"]
+    assert res["words"] == res["transcript"].split() and res["listed"] == len(res["words"])
+    duration = sf.info(str(HELDOUT)).duration
+    assert f"{duration:.1f} s of audio" in res["status"], res["status"]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from bench_http_transcribe import upload
+
+    api = await asyncio.to_thread(upload, server.http_url, HELDOUT, stream=False, api_key=API_KEY, timeout=60)
+    assert api.status == 200 and api.text == res["transcript"]
 
 
 async def test_sample_file_matches_websocket_client(server: Server) -> None:

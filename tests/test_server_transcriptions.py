@@ -155,6 +155,8 @@ def test_sdk_streaming_deltas(start_server, reference):
     done = events[-1]
     assert done.type == "transcript.text.done" and done.text == reference(audio).strip()
     assert "".join(e.delta for e in events[:-1]) == done.text
+    assert done.duration == pytest.approx(3.5)
+    assert [w["word"] for w in done.words] == done.text.split()  # our extension: every word's timing
     assert done.usage.output_tokens > 0 and done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens
 
 
