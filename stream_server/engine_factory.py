@@ -48,17 +48,12 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
 
         speculative = None
         if drafter is not None:  # lossless speculation for backlogged streams (catch-up, flush, files)
-            from realtime.engine.speculation import SpeculativeConfig
-            from speculative.capability import default_num_speculative_tokens
-            from speculative.drafter import load_drafter
+            from realtime.engine.offline import speculative_config
 
-            eagle = load_drafter(drafter, target_embedding=net.language_model.embed_tokens.weight,
-                                 device=net.device, dtype=net.dtype)
-            k = default_num_speculative_tokens(eagle) if num_speculative_tokens is None else num_speculative_tokens
-            logger.info("drafter %s, %d draft tokens per round%s", type(eagle).__name__, k,
-                        f", a tree of {tree_nodes} nodes" if tree_nodes else "")
-            speculative = SpeculativeConfig(eagle, num_speculative_tokens=k, tree_nodes=tree_nodes,
-                                            tree_max_streams=tree_max_streams if tree_nodes else None)
+            speculative = speculative_config(net, drafter, k=num_speculative_tokens, tree_nodes=tree_nodes,
+                                             tree_max_streams=tree_max_streams)
+            logger.info("drafter %s, %d draft tokens per round%s", type(speculative.drafter).__name__,
+                        speculative.num_speculative_tokens, f", a tree of {tree_nodes} nodes" if tree_nodes else "")
         opts = RunnerOptions(max_streams=max_streams, max_batch=max_streams, cuda_graphs=cuda_graphs,
                              encoder_stream=encoder_stream, max_session_seconds=max_session_seconds)
         if net.device.type == "cuda":

@@ -118,7 +118,7 @@ def transcribe_batch(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: S
 
 
 def speculative_config(model: VoxtralRealtime, drafter_dir: str | Path, *, k: int | None = None,
-                       tree_nodes: int | None = None, tree_max_streams: int = 1) -> SpeculativeConfig:
+                       tree_nodes: int | None = None, tree_max_streams: int | None = 1) -> SpeculativeConfig:
     """Load the drafter in `drafter_dir` for `model` (on its device, in its dtype) and configure speculation: `k`
     drafts per round (None: the drafter kind's default), optionally a tree of `tree_nodes` drafts in steps where
     at most `tree_max_streams` streams draft."""
