@@ -36,9 +36,10 @@ class HttpReply:
     """The response side of one HTTP request: `send` a whole response, or `start` one and `write` its body
     as it is made (server-sent events). The connection closes after the body (`Connection: close`)."""
 
-    def __init__(self, transport: asyncio.Transport, head_only: bool) -> None:
+    def __init__(self, transport: asyncio.Transport, head_only: bool, headers: dict[str, str] | None = None) -> None:
         self._transport = transport
         self._head_only = head_only
+        self._headers = headers or {}  # on every response (the CORS headers of an allowed cross-origin request)
         self.started = False
         self.status = 0
         self.content_type = ""
@@ -54,7 +55,10 @@ class HttpReply:
             raise RuntimeError("the response has already started")
         self.started, self.status, self.content_type = True, status, content_type
         headers = {"Date": email.utils.formatdate(usegmt=True), "Connection": "close", "Content-Type": content_type,
-                   "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store", **(extra or {})}
+                   "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store", **self._headers, **(extra or {})}
+        if status == 204:  # no content: no body headers (RFC 9110)
+            headers.pop("Content-Type")
+            length = None
         if length is not None:
             headers["Content-Length"] = str(length)
         phrase = http.HTTPStatus(status).phrase
@@ -125,6 +129,7 @@ class HttpAwareConnection(ServerConnection):
         self._read_timer: asyncio.TimerHandle | None = None
         self.http_task: asyncio.Task[None] | None = None
         self.client_left = False  # the client closed the connection while its request ran
+        self.response_headers: dict[str, str] = {}  # added to every response (set by the head check: CORS)
 
     # -- routing ------------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -186,7 +191,8 @@ class HttpAwareConnection(ServerConnection):
                 await super().handshake(*args, **kwargs)
             return
         request = await self._request_done
-        reply = HttpReply(self.transport, head_only=request is not None and request.method == "HEAD")
+        reply = HttpReply(self.transport, head_only=request is not None and request.method in ("HEAD", "OPTIONS"),
+                          headers=self.response_headers)
         if request is not None:
             task = asyncio.current_task()
             self.http_task = task

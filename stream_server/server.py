@@ -254,6 +254,15 @@ class StreamServer:
                 return HttpError(405, "method_not_allowed", f"{path} takes GET, not {request.method}")
             return HttpError(404, "not_found", f"{request.method} {path}: no such endpoint (file uploads go to "
                              f"POST {TRANSCRIPTIONS_PATH})")
+        origin = request.header("origin")
+        if origin is not None:  # a browser page: cross-origin ones only when allowed (as for the websocket)
+            if not auth.origin_allowed(origin, request.header("host"), self.settings.allowed_origins,
+                                       auth_enabled=self.settings.auth_enabled):
+                self.metrics.rejected.inc("origin")
+                return HttpError(403, "origin_not_allowed", f"Origin {origin} is not allowed (see --allowed-origins)")
+            conn.response_headers = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+        if request.method == "OPTIONS":  # a CORS preflight: answered by `_handle_http`, without key or capacity
+            return None
         if request.method != "POST":
             return HttpError(405, "method_not_allowed", f"{TRANSCRIPTIONS_PATH} takes POST, not {request.method}")
         key = auth.extract_api_key(request.header("authorization"), request.target, [])
@@ -288,6 +297,11 @@ class StreamServer:
         return str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
 
     async def _handle_http(self, request: HttpRequest, reply: HttpReply, conn: HttpAwareConnection) -> None:
+        if request.method == "OPTIONS":
+            reply.send(204, b"", "", {"Allow": "POST, OPTIONS", "Access-Control-Allow-Methods": "POST",
+                                      "Access-Control-Allow-Headers": "authorization, content-type",
+                                      "Access-Control-Max-Age": "600"})
+            return
         client = self._http_client(request, conn)
         refusal = self._http_refusal(client)  # again: the body took time to arrive
         if refusal is not None:

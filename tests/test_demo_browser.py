@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import functools
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -577,3 +581,60 @@ async def test_page_over_https_streams_over_wss(engine: TranscriptionEngine) -> 
         srv.stop()
     assert scheme == "https:" and res["state"] == "done" and res["errors"] == [], res["errors"]
     assert res["transcript"].strip() and res["transcript"] == res["finalText"] == plain.text
+
+
+@contextlib.contextmanager
+def third_party_site(root: Path) -> Iterator[str]:
+    """A web app of another origin (its own port): serves `root`; yields its origin."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+            pass
+
+    handler = functools.partial(Quiet, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+async def test_another_origins_page_uploads_only_when_allowed(engine: TranscriptionEngine, tmp_path: Path) -> None:
+    """A web app on another origin calls POST /v1/audio/transcriptions with fetch and its API key: the browser's CORS
+    preflight and check pass when --allowed-origins names the app, and the browser blocks it otherwise."""
+    (tmp_path / "index.html").write_text("<!doctype html><title>app</title><script>window.streamscribe = {};</script>")
+    shutil.copy(HELDOUT, tmp_path / "clip.wav")
+    call = """(async () => {
+        const clip = await (await fetch('/clip.wav')).blob();
+        const form = new FormData();
+        form.append('file', clip, 'clip.wav');
+        form.append('response_format', 'text');
+        try {
+          const r = await fetch(%s, {method: 'POST', body: form, headers: {Authorization: 'Bearer %s'}});
+          return JSON.stringify({status: r.status, text: await r.text()});
+        } catch (err) { return JSON.stringify({blocked: String(err)}); }
+    })()"""
+    with third_party_site(tmp_path) as app:
+        results = {}
+        # (a localhost page is allowed by default, like the websocket's: the refused server lists another origin)
+        for allowed in ((app,), ("https://elsewhere.example",)):
+            settings = ServerSettings(host="127.0.0.1", port=0, api_keys=(API_KEY,), allowed_origins=allowed)
+            with ServerThread(settings, engine) as srv:
+                browser = await launch()
+                try:
+                    page = await browser.new_page(f"{app}/")
+                    url = json.dumps(f"{srv.http_url}/v1/audio/transcriptions")
+                    results[app in allowed] = json.loads(await page.eval(call % (url, API_KEY)))
+                finally:
+                    await close(browser)
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+        from bench_http_transcribe import upload
+
+        settings = ServerSettings(host="127.0.0.1", port=0, api_keys=(API_KEY,))
+        with ServerThread(settings, engine) as srv:
+            api = await asyncio.to_thread(upload, srv.http_url, HELDOUT, stream=False, api_key=API_KEY, timeout=60)
+    assert results[True].get("status") == 200, results
+    assert results[True]["text"] == api.text and normalise(api.text) == HELDOUT_TEXT
+    assert "blocked" in results[False], results  # the server answered 403 without CORS headers: fetch fails

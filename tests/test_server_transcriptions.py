@@ -277,6 +277,39 @@ def test_raw_refusals(start_server):
     assert status == 405 and headers["allow"] == "POST"
 
 
+def test_browser_origins_and_cors(start_server, reference):
+    """Pages of other origins are refused (403, before the body) unless --allowed-origins lists them; allowed ones get
+    their CORS preflight answered without a key and the Access-Control headers on every response."""
+    audio = clip(1.0, seed=36)
+    ctype, body = multipart([("file", wav_bytes(audio), "t.wav"), ("response_format", "text", None)])
+    srv = start_server(api_keys=("k",))
+    port = srv.port
+    evil = "Origin: http://evil.example\r\nAuthorization: Bearer k\r\nExpect: 100-continue\r\n"
+    status, headers, out = raw_request(port, post_head(port, ctype, len(body), evil))
+    assert status == 403 and json.loads(out)["error"]["code"] == "origin_not_allowed"
+    assert "access-control-allow-origin" not in headers
+    same = f"Origin: http://127.0.0.1:{port}\r\nAuthorization: Bearer k\r\n"
+    status, headers, out = raw_request(port, post_head(port, ctype, len(body), same), body)
+    assert status == 200 and out.decode() == reference(audio).strip()
+    assert headers["access-control-allow-origin"] == f"http://127.0.0.1:{port}"
+
+    app = "http://app.example:3000"
+    srv = start_server(api_keys=("k",), allowed_origins=(app,))
+    port = srv.port
+    preflight = (f"OPTIONS {PATH} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: {app}\r\n"
+                 "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization\r\n\r\n")
+    status, headers, out = raw_request(port, preflight.encode())
+    assert status == 204 and out == b"" and "content-length" not in headers
+    assert headers["access-control-allow-origin"] == app and "POST" in headers["access-control-allow-methods"]
+    assert "authorization" in headers["access-control-allow-headers"]
+    status, _, _ = raw_request(port, preflight.replace(app, "http://other.example").encode())
+    assert status == 403
+    for key, want in (("k", 200), ("wrong", 401)):  # errors carry the CORS headers too, so the page can read them
+        status, headers, out = raw_request(port, post_head(port, ctype, len(body),
+                                                           f"Origin: {app}\r\nAuthorization: Bearer {key}\r\n"), body)
+        assert status == want and headers["access-control-allow-origin"] == app and headers["vary"] == "Origin"
+
+
 def test_slow_upload_times_out(start_server):
     srv = start_server(idle_timeout_s=0.5)
     ctype, _ = multipart([])
