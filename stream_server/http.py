@@ -102,19 +102,26 @@ class HttpRoutes:
         self.health = health
         self.metrics_text = metrics_text
 
+    def _model(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "streamscribe"}
+
     async def handle(self, path: str, *, authorized: bool) -> Response:
         if path == "/health":
             info = self.health()
             return json_response(200 if info.get("status") == "ok" else 503, info)
         if path == "/metrics":
             return response(200, self.metrics_text().encode(), PROMETHEUS_CONTENT_TYPE)
-        if path == "/v1/models":
+        if path == "/v1/models" or path.startswith("/v1/models/"):
             if not authorized:  # as OpenAI's API: listing models needs a key
                 return error_response(401, "invalid_api_key", "Missing or invalid API key",
                                       {"WWW-Authenticate": "Bearer"})
-            return json_response(200, {"object": "list", "data": [
-                {"id": n, "object": "model", "created": self.created, "owned_by": "streamscribe"}
-                for n in self.names]})
+            if path == "/v1/models":
+                return json_response(200, {"object": "list", "data": [self._model(n) for n in self.names]})
+            name = path[len("/v1/models/"):]  # ids may hold slashes (org/model)
+            if name not in self.names:
+                return error_response(404, "model_not_found", f"The model `{name}` does not exist (served: "
+                                      f"{', '.join(self.names)})")
+            return json_response(200, self._model(name))
         if path == "/v1/audio/transcriptions":  # read by the connection itself (http_connection.py); POST only
             return error_response(405, "method_not_allowed", f"{path} takes POST (a multipart file upload)",
                                   {"Allow": "POST"})

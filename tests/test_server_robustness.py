@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import openai
 import pytest
 from test_server_common import (  # noqa: F401  (fixtures)
     MODEL,
@@ -579,6 +580,15 @@ async def test_models_route_needs_key_when_auth_on(start_server):
     status, _, body = http_get(f"{srv.http_url}/v1/models", {"Authorization": "Bearer k-one"})
     assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == [MODEL]
     assert http_get(f"{srv.http_url}/health")[0] == 200  # health stays open for load balancers
+    # one model, as the OpenAI SDK's client.models.retrieve asks for it (ids may hold a slash)
+    srv = start_server(api_keys=("k-one",), served_model_names=(MODEL, "org/other-name"))
+    client = openai.OpenAI(base_url=f"{srv.http_url}/v1", api_key="k-one", max_retries=0)
+    assert [m.id for m in client.models.list()] == [MODEL, "org/other-name"]
+    assert client.models.retrieve("org/other-name").id == "org/other-name"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("whisper-1")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{srv.http_url}/v1", api_key="no", max_retries=0).models.retrieve(MODEL)
 
 
 def test_public_host_needs_key_or_explicit_opt_out():
