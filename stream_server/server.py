@@ -36,7 +36,7 @@ from .events import ProtocolError, dumps
 from .http import HttpRoutes, error_response
 from .http_connection import HttpAwareConnection, HttpReply, connection_factory
 from .http_requests import HttpError, HttpRequest
-from .transcriptions import TRANSCRIPTIONS_PATH, protocol_error_status, serve_transcription
+from .transcriptions import TRANSCRIPTIONS_PATH, OnEnd, OnToken, protocol_error_status, serve_transcription
 from .metrics import Metrics
 from .openai_dialect import OpenAIDialect
 from .vllm_dialect import VllmDialect
@@ -311,7 +311,7 @@ class StreamServer:
         loop = asyncio.get_running_loop()
         events = self.ctx.engine_events(loop)
 
-        def open_stream(delay_ms: int | None, on_token, on_end) -> EngineStream:  # type: ignore[no-untyped-def]
+        def open_stream(delay_ms: int | None, on_token: OnToken, on_end: OnEnd) -> EngineStream:
             return EngineStream(self.engine, events, delay_ms=delay_ms, offset_ms=0, on_token=on_token, on_end=on_end)
 
         self.http_jobs.add(conn)
@@ -320,7 +320,7 @@ class StreamServer:
         t0, seconds, outcome = time.monotonic(), 0.0, "200"
         try:
             seconds = await serve_transcription(
-                (request.header("content-type"), request.body), reply,
+                request.header("content-type"), request.body, reply,
                 served=self.settings.served_model_names, stall_timeout_s=self.settings.engine_stall_timeout_s,
                 open_stream=open_stream)
             self.metrics.http_audio_seconds.inc(amount=seconds)

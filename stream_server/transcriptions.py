@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,15 +146,22 @@ def parse_request(parts: list[FormPart], served: tuple[str, ...]) -> Transcripti
     return TranscriptionRequest(fields["file"][0], model, fmt, stream, tuple(granularities), language, delay)
 
 
+OnToken = Callable[[TokenUpdate], None]
+OnEnd = Callable[[StreamOutcome], None]
+# the server's way to open an upload's engine stream: (delay_ms, on_token, on_end); AdmissionError when full
+OpenStream = Callable[[int | None, OnToken, OnEnd], EngineStream]
+
+
 class TranscriptionJob:
     """One upload on the engine: push all audio, finish, collect tokens and the outcome (on the event loop)."""
 
-    def __init__(self, stream_factory: Any, audio: np.ndarray, *, on_text: Any = None) -> None:
+    def __init__(self, open_stream: OpenStream, delay_ms: int | None, audio: np.ndarray, *,
+                 on_text: Callable[[str], None] | None = None) -> None:
         self.audio = audio
         self._on_text = on_text
         self._tokens: list[tuple[int, int]] = []
         self._done: asyncio.Future[StreamOutcome] = asyncio.get_running_loop().create_future()
-        self.stream: EngineStream = stream_factory(self._on_token, self._on_end)  # AdmissionError / ConfigError
+        self.stream = open_stream(delay_ms, self._on_token, self._on_end)  # AdmissionError / ConfigError
 
     def _on_token(self, up: TokenUpdate) -> None:
         if up.text:
@@ -247,30 +255,25 @@ def sse(event: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def serve_transcription(parts_body: tuple[str | None, bytes], reply: HttpReply, *, served: tuple[str, ...],
-                              stall_timeout_s: float, open_stream: Any) -> float:
-    """Answer one upload on `reply`; returns the seconds of audio transcribed. `open_stream(delay_ms, on_token,
-    on_end)` makes the engine stream (AdmissionError when the engine is full). HttpError / ProtocolError mean the
-    request failed before any byte was sent."""
-    content_type, body = parts_body
+async def serve_transcription(content_type: str | None, body: bytes, reply: HttpReply, *,
+                              served: tuple[str, ...], stall_timeout_s: float, open_stream: OpenStream) -> float:
+    """Answer one upload on `reply`; returns the seconds of audio transcribed. HttpError / ProtocolError /
+    AdmissionError before the reply started mean nothing was sent; after a streamed reply started, the caller
+    reports them in the stream (`HttpReply.fail`)."""
     req = parse_request(parse_form(content_type, body), served)
     name = req.file.filename or "file"
     try:
         audio = await asyncio.to_thread(decode_audio_bytes, req.file.data, SAMPLE_RATE, name=name)
     except AudioError as exc:
         raise _bad(str(exc), "file", "invalid_audio") from None
-
-    def factory(on_token: Any, on_end: Any) -> EngineStream:
-        return open_stream(req.delay_ms, on_token, on_end)
-
     if not req.stream:
-        job = TranscriptionJob(factory, audio)
+        job = TranscriptionJob(open_stream, req.delay_ms, audio)
         result = await job.run(stall_timeout_s)
         payload, ctype = render(req, result)
         reply.send(200, payload, ctype)
         return result.duration_s
     queue: asyncio.Queue[str | None] = asyncio.Queue()
-    job = TranscriptionJob(factory, audio, on_text=queue.put_nowait)
+    job = TranscriptionJob(open_stream, req.delay_ms, audio, on_text=queue.put_nowait)
     reply.start(200, EVENT_STREAM, {"X-Accel-Buffering": "no"})
     runner = asyncio.create_task(job.run(stall_timeout_s))
     runner.add_done_callback(lambda _: queue.put_nowait(None))
