@@ -1,8 +1,8 @@
 """Throughput and latency of the service's file transcription endpoint (`POST /v1/audio/transcriptions`).
 
-Uploads every file `--repeats` times with `--concurrency` requests in flight (plain `http.client`, stdlib only), and
-reports per request the time to the response (and, with `--stream`, to the first text delta), and over the run the
-audio seconds transcribed per wall second. `--expect TSV` (the `FILE<TAB>TRANSCRIPT` lines of
+Uploads every file `--repeats` times with `--concurrency` requests in flight (`stream_server.upload_client`, stdlib
+only), and reports per request the time to the response (and, with `--stream`, to the first text delta), and over
+the run the audio seconds transcribed per wall second. `--expect TSV` (the `FILE<TAB>TRANSCRIPT` lines of
 `python -m realtime.transcribe FILE...`) checks every transcript against the offline command's.
 
     python -m stream_server --device cpu --drafter models/default_drafter --port 8000 &
@@ -13,21 +13,19 @@ audio seconds transcribed per wall second. `--expect TSV` (the `FILE<TAB>TRANSCR
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import logging
 import statistics
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import soundfile as sf
 
+from stream_server.upload_client import UploadError, upload_file
+
 logger = logging.getLogger("bench_http_transcribe")
-PATH = "/v1/audio/transcriptions"
 
 
 @dataclass
@@ -40,48 +38,14 @@ class Upload:
     text: str
 
 
-def form(fields: dict[str, str], file: Path) -> tuple[str, bytes]:
-    boundary = uuid.uuid4().hex
-    out = bytearray()
-    for name, value in fields.items():
-        out += f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
-    out += (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{file.name}"\r\n'
-            "Content-Type: application/octet-stream\r\n\r\n").encode() + file.read_bytes() + b"\r\n"
-    out += f"--{boundary}--\r\n".encode()
-    return f"multipart/form-data; boundary={boundary}", bytes(out)
-
-
 def upload(url: str, file: Path, *, stream: bool, api_key: str | None, timeout: float) -> Upload:
-    u = urlsplit(url)
-    conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(u.hostname, u.port, timeout=timeout)
-    ctype, body = form({"response_format": "json", "stream": "true" if stream else "false"}, file)
-    headers = {"Content-Type": ctype}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    t0 = time.perf_counter()
-    conn.request("POST", PATH, body=body, headers=headers)
-    resp = conn.getresponse()
-    first = None
-    text = ""
-    if stream and resp.status == 200:
-        for raw in resp:  # server-sent events, a line at a time
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("type") == "transcript.text.delta" and first is None:
-                first = time.perf_counter() - t0
-            elif event.get("type") == "transcript.text.done":
-                text = event["text"]
-            elif "error" in event:
-                raise RuntimeError(f"{file}: {event['error']}")
-    else:
-        payload = resp.read()
-        text = json.loads(payload).get("text", payload.decode()) if resp.status == 200 else payload.decode()
-    seconds = time.perf_counter() - t0
-    conn.close()
-    return Upload(str(file), sf.info(str(file)).duration, resp.status, seconds, first, text)
+    """One request through `stream_server.upload_client`; a refused one is reported, not raised."""
+    audio_s = sf.info(str(file)).duration
+    try:
+        r = upload_file(url, file, stream=stream, api_key=api_key, timeout=timeout)
+    except UploadError as exc:
+        return Upload(str(file), audio_s, exc.status, 0.0, None, str(exc))
+    return Upload(str(file), audio_s, 200, r.seconds, r.first_delta_s, r.text)
 
 
 def main() -> None:

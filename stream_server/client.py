@@ -2,12 +2,15 @@
 
     python -m stream_server.client talk.wav                      # sent at real time, like a live source
     python -m stream_server.client talk.wav --pace 0             # as fast as the server takes it
+    python -m stream_server.client talk.mp3 --upload             # POST /v1/audio/transcriptions: the fastest way
     arecord -q -f S16_LE -r 16000 -c 1 -t raw | python -m stream_server.client -          # the microphone
     ffmpeg -loglevel quiet -i INPUT -f s16le -ar 16000 -ac 1 - | python -m stream_server.client -
 
 It speaks the vLLM dialect of `/v1/realtime` (so it works with vLLM's server too), or with `--turns` the OpenAI
 dialect with server VAD: one line per spoken turn, for long live sessions. Files: WAV/FLAC/Ogg at any rate
-and channel count (resampled to 16 kHz mono); `-`: raw PCM16 little-endian mono 16 kHz on stdin.
+and channel count (resampled to 16 kHz mono); `-`: raw PCM16 little-endian mono 16 kHz on stdin. `--upload` sends
+the file itself to the server's file transcription endpoint instead (any format the server reads, MP3 too) and
+prints the text as the server streams it back (`upload_client.py`).
 
 stdout gets the transcript as the deltas arrive, then a newline (`--json`: every server event as one JSON line
 instead); stderr gets status and errors. `--srt FILE` also writes subtitles from the final event's word timings. The end of the input or Ctrl-C (SIGINT) ends the utterance: the server
@@ -37,6 +40,7 @@ from realtime.subtitles import format_srt, subtitle_cues
 from realtime.timestamps import Word
 
 from .loadtest import RATE, append_event, client_keepalive, client_tls, error_code_message, fetch_model, load_pcm16
+from .upload_client import UploadError, upload_file
 
 API_KEY_ENV = "STREAMSCRIBE_API_KEY"
 # after these the server will not finish the utterance (the demo page's list, plus a refused handshake's)
@@ -263,6 +267,39 @@ async def transcribe_live(opts: ClientOptions, chunks: AsyncIterator[bytes], out
     return 1
 
 
+def upload_main(args: argparse.Namespace, api_key: str | None, out: TextIO, err: TextIO) -> int:
+    """`--upload`: the file to POST /v1/audio/transcriptions (stream=true); deltas to `out` as they come."""
+    if args.source == "-" or args.turns or args.pace != 1.0 or args.chunk_ms != 80:
+        print("streamscribe: --upload sends a file as it is: not with -, --turns, --pace or --chunk-ms", file=err)
+        return 2
+    path = Path(args.source)
+    if not path.is_file():
+        print(f"streamscribe: cannot read {args.source}: no such file", file=err)
+        return 2
+
+    def on_event(event: dict[str, Any]) -> None:
+        if args.json:
+            print(json.dumps(event, ensure_ascii=False), file=out, flush=True)
+        elif event.get("type") == "transcript.text.delta":
+            print(event.get("delta", ""), end="", file=out, flush=True)
+
+    try:
+        result = upload_file(args.url, path, model=args.model, api_key=api_key, stream=True, delay_ms=args.delay_ms,
+                             ca_file=args.ca_file, on_event=on_event)
+    except UploadError as exc:
+        print(f"\nstreamscribe: the server refused {path.name}: {exc}", file=err)
+        return 2 if exc.status in (400, 413, 415) else 1
+    except (OSError, ValueError) as exc:
+        print(f"streamscribe: upload to {args.url} failed: {exc}", file=err)
+        return 1
+    if not args.json:
+        print(file=out, flush=True)
+    if args.srt is not None:
+        cues = write_srt(args.srt, result.words)
+        print(f"streamscribe: {cues} subtitle(s) written to {args.srt}", file=err)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m stream_server.client", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -276,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ca-file", default=None, help="wss:// to a self-signed server: trust this PEM certificate")
     p.add_argument("--json", action="store_true", help="print every server event as a JSON line")
     p.add_argument("--srt", type=Path, default=None, help="also write SubRip subtitles (from the word timings)")
+    p.add_argument("--upload", action="store_true",
+                   help="send the file to POST /v1/audio/transcriptions (decoded as fast as the server can; any "
+                        "format it reads) instead of streaming it over the websocket")
     p.add_argument("--turns", action="store_true",
                    help="one line per spoken turn (OpenAI dialect, the server's voice activity detection) instead of "
                         "one utterance: for long live sessions")
@@ -295,6 +335,8 @@ def main(argv: list[str] | None = None, *, stdin: BinaryIO | None = None, out: T
         print(f"streamscribe: {exc}", file=err)
         return 2
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if args.upload:
+        return upload_main(args, api_key, out, err)
     model = args.model
     if model is None:  # what /v1/models lists first ("" lets the server pick its default)
         model = fetch_model(args.url, api_key, ca_file=args.ca_file)

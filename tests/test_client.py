@@ -202,3 +202,30 @@ def test_turns_mode_prints_one_line_per_spoken_turn(start_server, reference, tmp
     assert completed[1]["audio_end_ms"] == len(audio) * 1000 // 16000  # the last turn ran to the end of input
     rc, out, err = run_client(path, "--url", srv.ws_url, "--pace", "0", "--turns")
     assert rc == 0 and out == "".join(d["transcript"] + "\n" for d in completed), err
+
+
+def test_upload_mode_prints_and_subtitles_what_the_session_does(start_server, reference, tmp_path):
+    """`--upload`: the file goes to POST /v1/audio/transcriptions; the text streams to stdout and the subtitles are the
+    websocket path's for the same audio; bad input and refusals are explicit."""
+    srv = start_server(api_keys=("k1",))
+    audio = np.concatenate([clip(2.0, seed=84), np.zeros(16000, np.float32), clip(2.0, seed=85)])
+    path = wav(tmp_path, audio)
+    up_srt, ws_srt = tmp_path / "up.srt", tmp_path / "ws.srt"
+    rc, out, err = run_client(path, "--url", srv.ws_url, "--api-key", "k1", "--upload", "--srt", str(up_srt))
+    assert rc == 0 and out == reference(audio).strip() + "\n", err
+    rc, _, err = run_client(path, "--url", srv.ws_url, "--api-key", "k1", "--pace", "0", "--srt", str(ws_srt))
+    assert rc == 0 and up_srt.read_text() == ws_srt.read_text() and "subtitle(s) written" in err
+    rc, out, _ = run_client(path, "--url", srv.http_url, "--api-key", "k1", "--upload", "--json")
+    events = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0 and events[-1]["type"] == "transcript.text.done"
+    assert "".join(e["delta"] for e in events[:-1]) == events[-1]["text"] == reference(audio).strip()
+    rc, out, err = run_client(path, "--url", srv.ws_url, "--api-key", "wrong", "--upload")
+    assert rc == 1 and "401" in err and "invalid_api_key" in err
+    (tmp_path / "bad.wav").write_bytes(b"RIFF....not audio")
+    rc, _, err = run_client(str(tmp_path / "bad.wav"), "--url", srv.ws_url, "--api-key", "k1", "--upload")
+    assert rc == 2 and "invalid_audio" in err and "bad.wav" in err
+    for argv in (["-"], [path, "--turns"], [path, "--pace", "0"], [str(tmp_path / "none.wav")]):
+        rc, _, err = run_client(*argv, "--url", srv.ws_url, "--upload")
+        assert rc == 2, (argv, err)
+    rc, _, err = run_client(path, "--url", "http://127.0.0.1:9", "--upload")
+    assert rc == 1 and "failed" in err
