@@ -12,6 +12,7 @@ events); beyond that it uses `realtime.model_store` to load models (in `engine_f
 
     python -m stream_server --model default --port 8000
 
-Clients: `client.py` (live transcription of a file or a pipe: `python -m stream_server.client FILE|-`) and the
-load tester (`loadtest.py`); they speak the protocol only and import nothing of the engine.
+Clients: `client.py` (live transcription of a file or a pipe: `python -m stream_server.client FILE|-`, or an upload
+with `--upload` through `upload_client.py`) and the load tester (`loadtest.py`); they speak the protocols only and
+import nothing of the engine.
 """
