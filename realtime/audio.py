@@ -382,25 +382,34 @@ def resample(audio: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
 SUPPORTED_FILE_FORMATS = ("WAV", "FLAC", "OGG", "MP3")  # OGG: Vorbis or Opus inside
 
 
-def load_audio_file(path: str | Path, target_rate: int = 16000) -> np.ndarray:
+class AudioTooLong(AudioError):
+    """The file holds more audio than the caller accepts (`max_seconds`)."""
+
+
+DECODE_BLOCK_FRAMES = 1 << 16  # frames decoded at a time: memory peaks at the 16 kHz mono result, not the source's
+
+
+def load_audio_file(path: str | Path, target_rate: int = 16000, *, max_seconds: float | None = None) -> np.ndarray:
     """Read a WAV, FLAC, Ogg (Vorbis/Opus) or MP3 file as mono float32 at `target_rate` (mixing channels,
-    resampling)."""
+    resampling); AudioTooLong past `max_seconds` of audio."""
     p = Path(path)
     if not p.is_file():
         raise AudioError(f"audio file {p} does not exist")
-    return _read_sound(str(p), str(p), target_rate)
+    return _read_sound(str(p), str(p), target_rate, max_seconds)
 
 
-def decode_audio_bytes(data: bytes, target_rate: int = 16000, *, name: str = "the upload") -> np.ndarray:
-    """`load_audio_file` for a file's bytes held in memory (an HTTP upload); AudioError names `name`."""
+def decode_audio_bytes(data: bytes, target_rate: int = 16000, *, name: str = "the upload",
+                       max_seconds: float | None = None) -> np.ndarray:
+    """`load_audio_file` for a file's bytes held in memory (an HTTP upload); AudioError names `name`. A few MB of
+    compressed silence can hold days of audio: `max_seconds` stops the decoding there (AudioTooLong)."""
     import io
 
     if not data:
         raise AudioError(f"{name}: the file is empty")
-    return _read_sound(io.BytesIO(data), name, target_rate)
+    return _read_sound(io.BytesIO(data), name, target_rate, max_seconds)
 
 
-def _read_sound(source: object, name: str, target_rate: int) -> np.ndarray:
+def _read_sound(source: object, name: str, target_rate: int, max_seconds: float | None = None) -> np.ndarray:
     import soundfile as sf
 
     try:
@@ -414,14 +423,33 @@ def _read_sound(source: object, name: str, target_rate: int) -> np.ndarray:
         ) from exc
     if info.format not in SUPPORTED_FILE_FORMATS:
         raise AudioError(f"{name}: format {info.format} is not supported (use {', '.join(SUPPORTED_FILE_FORMATS)})")
+    limit = None if max_seconds is None else int(max_seconds * target_rate)
+
+    def too_long() -> AudioTooLong:
+        return AudioTooLong(f"{name}: longer than the {max_seconds:g} s of audio accepted")
+
+    if limit is not None and info.frames / max(info.samplerate, 1) > max_seconds * 1.01:  # the header's length
+        raise too_long()
+    # block by block (mixed and resampled as they come: the streaming resampler gives the same samples in any
+    # chunking), so that memory holds the 16 kHz mono result and one block, never the whole source
+    resampler = StreamingResampler(info.samplerate, target_rate) if info.samplerate != target_rate else None
+    pieces: list[np.ndarray] = []
+    total = 0
     try:
-        data, rate = sf.read(source, dtype="float32", always_2d=True)
+        for block in sf.blocks(source, blocksize=DECODE_BLOCK_FRAMES, dtype="float32", always_2d=True):
+            mono = block.mean(axis=1) if block.shape[1] > 1 else block[:, 0]
+            mono = as_mono_float32(mono, what=name)
+            piece = resampler.push(mono) if resampler is not None else mono.copy()
+            pieces.append(piece)
+            total += piece.size
+            if limit is not None and total > limit:  # compressed files can say less than they hold
+                raise too_long()
+    except AudioError:
+        raise
     except Exception as exc:  # a header that reads but a body that does not (truncated files)
         raise AudioError(f"{name}: the audio could not be decoded: {exc}") from exc
-    if data.shape[0] == 0:
+    if total == 0:
         raise AudioError(f"{name}: the file holds no audio samples")
-    mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
-    mono = as_mono_float32(mono, what=name)
-    if rate != target_rate:
-        mono = resample(mono, rate, target_rate)
-    return mono
+    if resampler is not None:
+        pieces.append(resampler.flush())
+    return np.concatenate(pieces)

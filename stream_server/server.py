@@ -322,7 +322,7 @@ class StreamServer:
             seconds = await serve_transcription(
                 request.header("content-type"), request.body, reply,
                 served=self.settings.served_model_names, stall_timeout_s=self.settings.engine_stall_timeout_s,
-                open_stream=open_stream)
+                open_stream=open_stream, max_seconds=self.settings.max_upload_seconds)
             self.metrics.http_audio_seconds.inc(amount=seconds)
         except ProtocolError as err:
             outcome = str(protocol_error_status(err))

@@ -27,6 +27,9 @@ class ServerSettings:
     max_message_bytes: int = 1 << 20
     # POST /v1/audio/transcriptions: the largest request body (the file and the form around it)
     max_upload_bytes: int = 25 << 20
+    # ... and the most audio it may hold: compressed silence packs days into a few MB, and the decoded audio (16 kHz
+    # mono float32: 230 MB an hour) is held while it is transcribed
+    max_upload_seconds: float = 3600.0
     transport_max_factor: int = 4
     idle_timeout_s: float = 30.0  # no client message and nothing in flight for this long -> idle_timeout
     ping_interval_s: float | None = 20.0

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from realtime.audio import AudioError, decode_audio_bytes
+from realtime.audio import AudioError, AudioTooLong, decode_audio_bytes
 from realtime.subtitles import format_srt, format_vtt, subtitle_cues
 from realtime.timestamps import Word
 
@@ -48,6 +48,8 @@ _FIELDS = frozenset({"file", "model", "language", "prompt", "response_format", "
                      "timestamp_granularities[]", "timestamp_granularities", "chunking_strategy",
                      "transcription_delay_ms"})
 _TRUE, _FALSE = frozenset({"true", "1"}), frozenset({"false", "0", ""})
+# the audio goes to the engine in pieces, while it owes less than this much of it
+PUSH_CHUNK_S, MAX_PENDING_S, PENDING_POLL_S = 10.0, 30.0, 0.05
 
 
 @dataclass(frozen=True)
@@ -174,17 +176,20 @@ class TranscriptionJob:
             self._done.set_result(outcome)
 
     async def run(self, stall_timeout_s: float) -> TranscriptionResult:
+        """Hand the audio over PUSH_CHUNK_S at a time while the engine owes less than MAX_PENDING_S of it (so that
+        its queues and front-end buffers stay small however long the file), finish, and wait for the outcome."""
         try:
-            self.stream.push(self.audio)
-            self.stream.finish()
-            while True:
-                try:
-                    outcome = await asyncio.wait_for(asyncio.shield(self._done), timeout=min(1.0, stall_timeout_s))
+            step = int(PUSH_CHUNK_S * SAMPLE_RATE)
+            for start in range(0, self.audio.size, step):
+                while not self._done.done() and self.stream.pending_audio_seconds() > MAX_PENDING_S:
+                    await self._wait(stall_timeout_s, PENDING_POLL_S)
+                if self._done.done():  # the model ended the stream early (its end token): the rest is not decoded
                     break
-                except TimeoutError:
-                    if time.monotonic() - self.stream.last_progress > stall_timeout_s:
-                        raise HttpError(500, "engine_stalled", f"the engine made no progress on this file for "
-                                        f"{stall_timeout_s:g} s") from None
+                self.stream.push(self.audio[start:start + step])
+            self.stream.finish()
+            while not self._done.done():
+                await self._wait(stall_timeout_s, 1.0)
+            outcome = self._done.result()
         finally:
             self.stream.close()  # frees the engine stream however this ends (a client that left cancels us)
         if outcome.error is not None:
@@ -192,6 +197,15 @@ class TranscriptionJob:
         # as OpenAI's API and `realtime.transcribe` give it: without the space the first word's token begins with
         return TranscriptionResult(outcome.text.strip(), outcome.words, self._tokens, self.audio.size / SAMPLE_RATE,
                                    outcome.prompt_tokens, outcome.completion_tokens)
+
+    async def _wait(self, stall_timeout_s: float, poll_s: float) -> None:
+        """Wait up to `poll_s` for the outcome; HttpError when the engine has made no progress for the stall time."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._done), timeout=min(poll_s, stall_timeout_s))
+        except TimeoutError:
+            if time.monotonic() - self.stream.last_progress > stall_timeout_s:
+                raise HttpError(500, "engine_stalled", f"the engine made no progress on this file for "
+                                f"{stall_timeout_s:g} s") from None
 
 
 def segments(result: TranscriptionResult) -> list[dict[str, Any]]:
@@ -256,14 +270,18 @@ def sse(event: dict[str, Any]) -> bytes:
 
 
 async def serve_transcription(content_type: str | None, body: bytes, reply: HttpReply, *,
-                              served: tuple[str, ...], stall_timeout_s: float, open_stream: OpenStream) -> float:
+                              served: tuple[str, ...], stall_timeout_s: float, open_stream: OpenStream,
+                              max_seconds: float | None = None) -> float:
     """Answer one upload on `reply`; returns the seconds of audio transcribed. HttpError / ProtocolError /
     AdmissionError before the reply started mean nothing was sent; after a streamed reply started, the caller
     reports them in the stream (`HttpReply.fail`)."""
     req = parse_request(parse_form(content_type, body), served)
     name = req.file.filename or "file"
     try:
-        audio = await asyncio.to_thread(decode_audio_bytes, req.file.data, SAMPLE_RATE, name=name)
+        audio = await asyncio.to_thread(decode_audio_bytes, req.file.data, SAMPLE_RATE, name=name,
+                                        max_seconds=max_seconds)
+    except AudioTooLong as exc:
+        raise HttpError(413, "audio_too_long", f"{exc} (--max-upload-minutes)") from None
     except AudioError as exc:
         raise _bad(str(exc), "file", "invalid_audio") from None
     if not req.stream:

@@ -190,6 +190,35 @@ def test_mp3_files_and_audio_bytes(tmp_path):
         decode_audio_bytes(b"")
 
 
+def test_decoding_stops_at_the_audio_limit(monkeypatch):
+    """`max_seconds` holds while decoding too, for files whose header says less than they hold (the header check
+    alone would let them through): decoding stops a block past the limit instead of filling memory."""
+    import io
+
+    import realtime.audio as audio_mod
+
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(48000 * 30, np.float32), 48000, format="FLAC")
+    data = buf.getvalue()
+    assert decode_audio_bytes(data, max_seconds=31).size == 16000 * 30
+    with pytest.raises(audio_mod.AudioTooLong, match="longer than the 20 s"):
+        decode_audio_bytes(data, max_seconds=20)  # by the header
+    real_info = sf.info
+
+    def lying_info(source):
+        info = real_info(source)
+        info.frames = 48000  # "1 s"
+        return info
+
+    monkeypatch.setattr(sf, "info", lying_info)
+    pushed = []
+    real_push = audio_mod.StreamingResampler.push
+    monkeypatch.setattr(audio_mod.StreamingResampler, "push", lambda self, x: pushed.append(x.size) or real_push(self, x))
+    with pytest.raises(audio_mod.AudioTooLong):
+        decode_audio_bytes(data, max_seconds=20)
+    assert 20 * 48000 < sum(pushed) <= 20 * 48000 + 2 * audio_mod.DECODE_BLOCK_FRAMES  # stopped near the limit
+
+
 def test_log_mel_runs_on_the_device_of_its_input():
     """CPU part of the GPU check below: the window and filters follow the input to its device (here
     PyTorch's shape-only "meta" device), copied there once, and the output stays there."""

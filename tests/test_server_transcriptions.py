@@ -41,6 +41,7 @@ from websockets.asyncio.client import connect
 from realtime.audio import decode_audio_bytes
 from realtime.subtitles import format_srt, format_vtt, subtitle_cues
 from realtime.timestamps import Word
+from stream_server.app import build_parser, settings_from_args
 from stream_server.multipart import parse_form
 from stream_server.http_requests import HttpError, HttpRequestReader
 from stream_server.transcriptions import TRANSCRIPTIONS_PATH, TrimmedDeltas
@@ -386,6 +387,39 @@ def test_per_client_quota_counts_uploads(start_server, engine):
                 return await recv_json(ws)
 
         assert asyncio.run(ws_refused())["code"] == "too_many_sessions"  # a websocket session too
+
+
+class PendingRecorder(StalledEngine):
+    """A stalled engine that remembers the most audio any stream had queued."""
+
+    most = 0.0
+
+    def push_audio(self, sid, samples) -> None:
+        super().push_audio(sid, samples)
+        self.most = max(self.most, self.pending[sid])
+
+
+def test_long_files_reach_the_engine_in_pieces_and_have_a_limit(start_server, engine):
+    from stream_server.transcriptions import MAX_PENDING_S, PUSH_CHUNK_S
+
+    rec = PendingRecorder(engine)
+    srv = start_server(engine_override=rec, engine_stall_timeout_s=0.5)
+    long = wav_bytes(np.zeros(16000 * 70, np.float32))
+    with pytest.raises(openai.InternalServerError) as info:
+        sdk(srv).audio.transcriptions.create(model=MODEL, file=("long.wav", long))
+    assert info.value.body["code"] == "engine_stalled"
+    assert MAX_PENDING_S < rec.most <= MAX_PENDING_S + PUSH_CHUNK_S  # never the whole 70 s at once
+    # the audio limit: by the header's length, or while decoding (compressed silence: minutes in a few KB)
+    srv = start_server(max_upload_seconds=20.0)
+    silence = wav_bytes(np.zeros(16000 * 30, np.float32), fmt="FLAC")
+    assert len(silence) < 20_000
+    for data in (silence, wav_bytes(np.zeros(44100 * 21, np.float32), 44100, "MP3", None)):
+        with pytest.raises(openai.APIStatusError) as info:
+            sdk(srv).audio.transcriptions.create(model=MODEL, file=("x", data))
+        assert info.value.status_code == 413 and info.value.body["code"] == "audio_too_long"
+    args = build_parser().parse_args(["--max-upload-minutes", "1.5", "--max-upload-mb", "3"])
+    settings = settings_from_args(args, env={})
+    assert settings.max_upload_seconds == 90 and settings.max_upload_bytes == 3 << 20
 
 
 def test_stalled_engine_is_reported(start_server, engine):
