@@ -14,11 +14,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import openai
 import pytest
+import soundfile as sf
 from test_server_common import (  # noqa: F401  (fixtures)
     MODEL,
     StalledEngine,
@@ -47,6 +49,7 @@ from realtime.serving import StreamFailed, StreamToken
 from realtime.session import transcribe
 from stream_server.app import build_parser, settings_from_args
 from stream_server.engine_factory import build_engine
+from stream_server.upload_client import upload_file
 
 SHORT = clip(0.4, seed=41)
 ROOT = Path(__file__).resolve().parent.parent
@@ -821,7 +824,7 @@ def alive(pid: int) -> bool:
         return True
 
 
-def test_workers_share_one_port_and_stop_together(reference):
+def test_workers_share_one_port_and_stop_together(reference, tmp_path):
     """`--workers 2`: two server processes on one port, each answering some of the connections, each
     transcribing exactly as one session does; a signal to the supervisor stops both gracefully (an open turn
     still gets its transcript)."""
@@ -835,6 +838,12 @@ def test_workers_share_one_port_and_stop_together(reference):
             return list(await asyncio.gather(*(fresh_vllm_utterance_named(url, SHORT) for _ in range(4))))
 
         assert asyncio.run(four_at_once()) == [reference(SHORT)] * 4
+        # file uploads reach whichever worker the kernel picks, and each transcribes them
+        sf.write(tmp_path / "short.wav", SHORT, 16000, subtype="PCM_16")
+        with ThreadPoolExecutor(4) as pool:
+            texts = list(pool.map(lambda _: upload_file(f"http://127.0.0.1:{port}", tmp_path / "short.wav").text,
+                                  range(4)))
+        assert texts == [reference(SHORT).strip()] * 4
         model, tok = load_model_and_tokenizer("default")
         text, code, close = asyncio.run(open_turn_across_sigterm(url, LIVE, proc))
         assert (text, code, close) == (transcribe(model, tok, LIVE).text, "server_shutting_down", 1001)
