@@ -90,7 +90,9 @@ class HttpReply:
         if self.closed:
             return
         if not self.started:
-            self.send_error(status, code, message, param=param)
+            # capacity and shutdown refusals are worth retrying soon (the OpenAI SDK waits as told, then retries)
+            extra = {"Retry-After": "1"} if status in (429, 503) else None
+            self.send_error(status, code, message, extra, param=param)
         elif self.content_type.startswith(EVENT_STREAM):
             kind = "invalid_request_error" if status < 500 else "server_error"
             self.write(b"data: " + json.dumps({"error": {"message": message, "type": kind, "param": param,

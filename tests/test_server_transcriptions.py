@@ -367,6 +367,7 @@ def test_full_server_and_concurrent_sessions(start_server, reference):
         with pytest.raises(openai.InternalServerError) as info:
             sdk(full).audio.transcriptions.create(model=MODEL, file=("t.wav", wav_bytes(audios[0])))
         assert info.value.status_code == 503 and info.value.body["code"] == "server_full"
+        assert info.value.response.headers["retry-after"] == "1"
     # the first client left: its engine stream is closed
     deadline = time.monotonic() + 10
     while stalled.pending and time.monotonic() < deadline:
