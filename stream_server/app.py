@@ -157,7 +157,9 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
         max_sessions=args.max_sessions, max_sessions_per_client=args.max_sessions_per_client,
         idle_timeout_s=args.idle_timeout if args.idle_timeout > 0 else float("inf"),
         max_message_bytes=args.max_message_bytes, max_pending_audio_s=args.max_pending_audio,
-        max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_upload_seconds=args.max_upload_minutes * 60,
+        max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
+        # an upload is one engine stream: no longer than a session may be
+        max_upload_seconds=min(args.max_upload_minutes * 60, args.max_session_seconds or float("inf")),
         ping_interval_s=args.ping_interval or None, ping_timeout_s=args.ping_timeout or None,
         drain_timeout_s=args.drain_timeout, shutdown_flush_s=args.shutdown_flush_timeout,
         demo_dir=args.demo_dir, reuse_port=args.reuse_port,

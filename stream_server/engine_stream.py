@@ -55,6 +55,9 @@ class StreamOutcome:
     audio_end_ms: int
     arrival: float
     error: str | None = None  # set when the engine failed the stream
+    # the stream reached the engine's maximum session length (`--max-session-seconds`): the transcript covers the
+    # audio up to `audio_end_ms` only, and the rest of what was sent was not transcribed (dialects say so)
+    truncated: bool = False
 
     def final_words(self) -> tuple[list[Word], bool]:
         """(words for the final event, truncated). Every word, unless there are more than
@@ -221,8 +224,11 @@ class EngineStream:
         elif isinstance(ev, StreamDone):
             tail = self._words.flush()
             self.close()  # the engine keeps a finished stream until it is closed
+            # a truncated stream's transcript ends where the model stopped, not at the end of the audio sent
+            end_ms = min(self._seen_ms, self.audio_ms) if ev.truncated else self.audio_ms
             self._on_end(StreamOutcome(ev.text, ev.prompt_tokens, ev.completion_tokens, self._words.words, tail,
-                                       self.offset_ms, self.offset_ms + self.audio_ms, self._finish_time))
+                                       self.offset_ms, self.offset_ms + end_ms, self._finish_time,
+                                       truncated=ev.truncated))
         elif isinstance(ev, StreamFailed):
             self.close()
             self._on_end(StreamOutcome("", 0, 0, self._words.words, [], self.offset_ms,

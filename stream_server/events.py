@@ -22,6 +22,14 @@ class ProtocolError(Exception):
         self.detail = detail  # extra explanation where the message must stay exactly the reference's
 
 
+def session_too_long(out_audio_end_ms: int) -> ProtocolError:
+    """The error both dialects send when the engine ended a stream at its maximum session length."""
+    return ProtocolError(
+        "session_too_long", f"This utterance reached the server's maximum length (--max-session-seconds): its "
+        f"transcript ends at {out_audio_end_ms} ms, and its audio after that which reached the server before this "
+        "event was not transcribed. Audio appended from now on waits for a commit, which starts a new utterance")
+
+
 def new_id(prefix: str, nbytes: int = 12) -> str:
     return f"{prefix}{secrets.token_hex(nbytes)}"
 

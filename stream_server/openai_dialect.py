@@ -42,7 +42,7 @@ from realtime.serving import AdmissionError, StreamError
 
 from .codecs import PCM16_24K, AudioFormat, decode_base64, parse_openai_format
 from .engine_stream import SAMPLE_RATE, EngineStream, StreamOutcome, TokenUpdate
-from .events import ProtocolError, new_id
+from .events import ProtocolError, new_id, session_too_long
 from .options import parse_delay_ms, parse_delay_name
 from .vad import SpeechAudio, SpeechStarted, SpeechStopped, TurnDetector, VadParams
 
@@ -457,3 +457,5 @@ class OpenAIDialect:
         })
         self._send({"type": "conversation.item.done", "previous_item_id": item.previous_item_id,
                     "item": self._item_json(item, out.text)})
+        if out.truncated:
+            self.conn.send_error(session_too_long(out.audio_end_ms))

@@ -194,6 +194,9 @@ class TranscriptionJob:
             self.stream.close()  # frees the engine stream however this ends (a client that left cancels us)
         if outcome.error is not None:
             raise HttpError(500, "processing_error", f"the engine failed this file: {outcome.error}")
+        if outcome.truncated:  # never a partial transcript passed off as the file's
+            raise HttpError(413, "audio_too_long", f"the file is longer than the server's maximum session length "
+                            f"(--max-session-seconds): the engine stopped at {outcome.audio_end_ms / 1000:.1f} s")
         # as OpenAI's API and `realtime.transcribe` give it: without the space the first word's token begins with
         return TranscriptionResult(outcome.text.strip(), outcome.words, self._tokens, self.audio.size / SAMPLE_RATE,
                                    outcome.prompt_tokens, outcome.completion_tokens)

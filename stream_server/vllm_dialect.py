@@ -40,7 +40,7 @@ from realtime.serving import AdmissionError, StreamError
 
 from .codecs import decode_base64
 from .engine_stream import SAMPLE_RATE, EngineStream, StreamOutcome, TokenUpdate
-from .events import ProtocolError
+from .events import ProtocolError, session_too_long
 from .options import parse_delay_ms
 
 if TYPE_CHECKING:
@@ -230,3 +230,5 @@ class VllmDialect:
                       "completion_tokens": out.completion_tokens, "prompt_tokens_details": None},
             **out.final_fields(),
         })
+        if out.truncated:
+            self.conn.send_error(session_too_long(out.audio_end_ms))

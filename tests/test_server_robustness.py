@@ -29,6 +29,7 @@ from test_server_common import (  # noqa: F401  (fixtures)
     clip,
     engine,
     fresh_vllm_utterance,
+    open_openai,
     open_vllm,
     pcm16,
     read_utterance_vllm,
@@ -37,6 +38,7 @@ from test_server_common import (  # noqa: F401  (fixtures)
     reference,
     send_json,
     send_utterance_vllm,
+    session,
     start_server,
     utterance_vllm,
     wait_no_streams,
@@ -49,7 +51,7 @@ from realtime.serving import StreamFailed, StreamToken
 from realtime.session import transcribe
 from stream_server.app import build_parser, settings_from_args
 from stream_server.engine_factory import build_engine
-from stream_server.upload_client import upload_file
+from stream_server.upload_client import UploadError, upload_file
 
 SHORT = clip(0.4, seed=41)
 ROOT = Path(__file__).resolve().parent.parent
@@ -524,6 +526,45 @@ async def test_engine_stall_is_reported_not_silent(start_server, engine):
         await asyncio.wait_for(ws.recv(), 5)
     assert info.value.rcvd.code == 1011
     assert wait_for(lambda: not stalled.pending)
+
+
+async def test_max_session_length_is_reported_not_silent(ckpt, start_server, reference, tmp_path):
+    """`--max-session-seconds`: an utterance (or item, or upload) longer than the engine's limit is ended there. Its
+    transcript covers what fit and says so (`audio_end_ms`), an error event `session_too_long` follows, and the
+    session goes on; an upload gets 413 `audio_too_long`, never a partial transcript."""
+    eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=4, max_session_seconds=1.0)
+    eng.start()
+    try:
+        srv = start_server(engine_override=eng)
+        long = clip(10.0, seed=49)
+        ws = await open_vllm(srv.ws_url)
+        await send_utterance_vllm(ws, long)
+        events = await recv_until(ws, {"error"})
+        done = [e for e in events if e["type"] == "transcription.done"]
+        assert len(done) == 1 and 0 < done[0]["audio_end_ms"] < 10_000 and events[-1]["code"] == "session_too_long"
+        assert f"ends at {done[0]['audio_end_ms']} ms" in events[-1]["error"]
+        assert reference(long).startswith(done[0]["text"])
+        await send_json(ws, {"type": "session.update", "model": MODEL})  # the session goes on
+        assert (await recv_until(ws, {"session.updated"}))[-1]["type"] == "session.updated"
+        await ws.close()
+        ws = await open_openai(srv.ws_url, session(turn_detection=None))
+        await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(pcm16(long))})
+        await send_json(ws, {"type": "input_audio_buffer.commit"})
+        events = await recv_until(ws, {"error"})
+        await ws.close()
+        completed = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+        assert len(completed) == 1 and completed[0]["audio_end_ms"] < 10_000
+        assert events[-1]["error"]["code"] == "session_too_long"
+        sf.write(tmp_path / "long.wav", long, 16000, subtype="PCM_16")
+        with pytest.raises(UploadError) as info:
+            upload_file(srv.http_url, tmp_path / "long.wav")
+        assert info.value.status == 413 and info.value.code == "audio_too_long"
+        assert wait_no_streams(eng) == 0
+    finally:
+        eng.stop()
+    # the command line caps uploads at the session length
+    args = build_parser().parse_args(["--max-session-seconds", "30"])
+    assert settings_from_args(args, env={}).max_upload_seconds == 30
 
 
 async def test_session_longer_than_the_model_context(tiny_ckpt, start_server):
