@@ -445,6 +445,8 @@ class OpenAIDialect:
                                                       "message": f"Transcription failed: {out.error}",
                                                       "param": None}})
             return
+        if out.truncated:  # before the final event: clients that stop reading there still see it
+            self.conn.send_error(session_too_long(out.audio_end_ms))
         self._send({
             "type": "conversation.item.input_audio_transcription.completed",
             "item_id": item_id,
@@ -457,5 +459,3 @@ class OpenAIDialect:
         })
         self._send({"type": "conversation.item.done", "previous_item_id": item.previous_item_id,
                     "item": self._item_json(item, out.text)})
-        if out.truncated:
-            self.conn.send_error(session_too_long(out.audio_end_ms))

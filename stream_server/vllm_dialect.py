@@ -223,6 +223,8 @@ class VllmDialect:
         if out.error is not None:
             self.conn.send_error(ProtocolError("processing_error", f"Transcription failed: {out.error}"))
             return
+        if out.truncated:  # before the final event: clients that stop reading there still see it
+            self.conn.send_error(session_too_long(out.audio_end_ms))
         self.conn.send({
             "type": "transcription.done",
             "text": out.text,
@@ -230,5 +232,3 @@ class VllmDialect:
                       "completion_tokens": out.completion_tokens, "prompt_tokens_details": None},
             **out.final_fields(),
         })
-        if out.truncated:
-            self.conn.send_error(session_too_long(out.audio_end_ms))

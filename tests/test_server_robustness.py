@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import os
@@ -50,6 +51,7 @@ from realtime.model_store import load_model_and_tokenizer
 from realtime.serving import StreamFailed, StreamToken
 from realtime.session import transcribe
 from stream_server.app import build_parser, settings_from_args
+from stream_server.client import main as client_main
 from stream_server.engine_factory import build_engine
 from stream_server.upload_client import UploadError, upload_file
 
@@ -539,23 +541,27 @@ async def test_max_session_length_is_reported_not_silent(ckpt, start_server, ref
         long = clip(10.0, seed=49)
         ws = await open_vllm(srv.ws_url)
         await send_utterance_vllm(ws, long)
-        events = await recv_until(ws, {"error"})
-        done = [e for e in events if e["type"] == "transcription.done"]
-        assert len(done) == 1 and 0 < done[0]["audio_end_ms"] < 10_000 and events[-1]["code"] == "session_too_long"
-        assert f"ends at {done[0]['audio_end_ms']} ms" in events[-1]["error"]
-        assert reference(long).startswith(done[0]["text"])
+        events = await recv_until(ws, {"transcription.done"})  # the error comes first: clients stop at done
+        done, errors = events[-1], [e for e in events if e["type"] == "error"]
+        assert 0 < done["audio_end_ms"] < 10_000 and [e["code"] for e in errors] == ["session_too_long"]
+        assert f"ends at {done['audio_end_ms']} ms" in errors[0]["error"]
+        assert reference(long).startswith(done["text"])
         await send_json(ws, {"type": "session.update", "model": MODEL})  # the session goes on
         assert (await recv_until(ws, {"session.updated"}))[-1]["type"] == "session.updated"
         await ws.close()
         ws = await open_openai(srv.ws_url, session(turn_detection=None))
         await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(pcm16(long))})
         await send_json(ws, {"type": "input_audio_buffer.commit"})
-        events = await recv_until(ws, {"error"})
+        events = await recv_until(ws, {"conversation.item.input_audio_transcription.completed"})
         await ws.close()
-        completed = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
-        assert len(completed) == 1 and completed[0]["audio_end_ms"] < 10_000
-        assert events[-1]["error"]["code"] == "session_too_long"
+        assert events[-1]["audio_end_ms"] < 10_000
+        assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["session_too_long"]
+        # the command-line client prints what fit, warns, and exits 1
         sf.write(tmp_path / "long.wav", long, 16000, subtype="PCM_16")
+        out, err = io.StringIO(), io.StringIO()
+        rc = await asyncio.to_thread(client_main, [str(tmp_path / "long.wav"), "--url", srv.ws_url, "--pace", "0",
+                                                   "--model", MODEL], out=out, err=err)
+        assert rc == 1 and "session_too_long" in err.getvalue() and out.getvalue() == done["text"] + "\n"
         with pytest.raises(UploadError) as info:
             upload_file(srv.http_url, tmp_path / "long.wav")
         assert info.value.status == 413 and info.value.code == "audio_too_long"
