@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# File transcription over HTTP on one GPU (POST /v1/audio/transcriptions; issue 5's offline mode through the service):
+# the embedded default model, bf16, CUDA graphs, with and without its drafter; the 5 held-out clips
+# (`make_speech_clips.py --voices heldout --seconds 45`, carried in .bench_audio) uploaded CONCURRENCY at a time,
+# enough repeats for every level; transcripts checked against the offline command's (`realtime.transcribe`).
+#   OUT=DIR bash benchmarks/gpu_uploads.sh          # carry .whl_gpu (websockets, soundfile) and .bench_audio
+#   env: LEVELS (1 16 64), MODES (plain drafter), DEVICE (cuda; cpu for a dry run)
+set -u
+work=$(mktemp -d)
+source benchmarks/gpu_setup.sh "$work"
+port=8124
+timeout 120 python3 -m realtime.transcribe --device ${DEVICE:-cuda} .bench_audio/heldout_0*.flac > "$GPU_DIR/expect.tsv" \
+  2> "$GPU_DIR/expect.log"
+echo "expect rc=$?"
+for mode in ${MODES:-plain drafter}; do
+  extra=(); [ "$mode" = drafter ] && extra=(--drafter models/default_drafter)
+  python3 -m stream_server --device ${DEVICE:-cuda} --port $port --max-sessions 256 "${extra[@]}" --log-level WARNING \
+    > "$GPU_DIR/server_$mode.log" 2>&1 &
+  srv=$!
+  for _ in $(seq 1 300); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" \
+      2>/dev/null && break
+    sleep 1
+  done
+  for c in ${LEVELS:-1 16 64}; do
+    repeats=$(( (c + 4) / 5 > 1 ? (c + 4) / 5 : 1 ))
+    timeout 200 python3 benchmarks/bench_http_transcribe.py --url http://127.0.0.1:$port \
+      --files .bench_audio/heldout_0*.flac --concurrency "$c" --repeats "$repeats" --expect "$GPU_DIR/expect.tsv" \
+      --out "$GPU_DIR/${mode}_c$c.json" > "$GPU_DIR/${mode}_c$c.log" 2>&1
+    echo "$mode c$c rc=$?"; tail -1 "$GPU_DIR/${mode}_c$c.log"
+  done
+  kill $srv; wait $srv 2>/dev/null
+  pack "$OUT"
+done
