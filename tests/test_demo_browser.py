@@ -40,6 +40,7 @@ import soundfile as sf
 import websockets
 
 from conftest import synthetic_audio
+from test_server_common import StalledEngine, wait_for
 from realtime.audio import resample
 from realtime.serving import TranscriptionEngine
 from stream_server.background import ServerThread
@@ -264,6 +265,13 @@ async def open_keyless_demo(browser: Browser, srv: ServerThread) -> Page:
     return page
 
 
+async def pick_file(page: Page, selector: str, path: Path) -> None:
+    """Choose `path` in the page's file input `selector`, as a user would (its change event fires)."""
+    doc = await page.call("DOM.getDocument")
+    node = await page.call("DOM.querySelector", nodeId=doc["root"]["nodeId"], selector=selector)
+    await page.call("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
+
+
 def wav_pcm16(path: Path) -> np.ndarray:
     data, rate = sf.read(path, dtype="int16")
     assert rate == 16000 and data.ndim == 1, "the test WAV is 16 kHz mono"
@@ -411,9 +419,7 @@ async def test_uploaded_file_shows_the_right_words(server: Server) -> None:
     browser = await launch()
     try:
         page = await open_demo(browser, server)
-        doc = await page.call("DOM.getDocument")
-        node = await page.call("DOM.querySelector", nodeId=doc["root"]["nodeId"], selector="#upload-input")
-        await page.call("DOM.setFileInputFiles", files=[str(HELDOUT)], nodeId=node["nodeId"])
+        await pick_file(page, "#upload-input", HELDOUT)
         await page.wait_for("streamscribe.done || streamscribe.state === 'error'", RUN_TIMEOUT_S, "the transcript")
         res = json.loads(await page.eval("""JSON.stringify({
             transcript: document.getElementById('transcript').textContent, text: streamscribe.text,
@@ -489,9 +495,7 @@ async def test_user_wav_is_decoded_resampled_and_streamed(server: Server, tmp_pa
     try:
         page = await open_demo(browser, server)
         await page.eval("document.getElementById('play-aloud').checked = false")
-        doc = await page.call("DOM.getDocument")
-        node = await page.call("DOM.querySelector", nodeId=doc["root"]["nodeId"], selector="#file-input")
-        await page.call("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
+        await pick_file(page, "#file-input", path)
         await page.wait_for("streamscribe.done || streamscribe.state === 'error'", RUN_TIMEOUT_S, "the transcript")
         res = json.loads(await page_result(page))
     finally:
@@ -638,3 +642,25 @@ async def test_another_origins_page_uploads_only_when_allowed(engine: Transcript
     assert results[True].get("status") == 200, results
     assert results[True]["text"] == api.text and normalise(api.text) == HELDOUT_TEXT
     assert "blocked" in results[False], results  # the server answered 403 without CORS headers: fetch fails
+
+
+async def test_stopping_an_upload_stops_the_server_work(engine: TranscriptionEngine) -> None:
+    """"Stop" during an upload: the page aborts the request, says so, and the server closes the file's engine stream
+    (here an engine that never decodes, so only the abort can end it)."""
+    stalled = StalledEngine(engine)
+    settings = ServerSettings(host="127.0.0.1", port=0, engine_stall_timeout_s=60)
+    with ServerThread(settings, stalled) as srv:
+        browser = await launch()
+        try:
+            page = await open_keyless_demo(browser, srv)
+            await pick_file(page, "#upload-input", HELDOUT)
+            await page.wait_for("streamscribe.state === 'streaming'", 30, "the upload to start")
+            assert wait_for(lambda: bool(stalled.pending), 10), "the upload never reached the engine"
+            await page.eval("document.getElementById('stop-btn').click()", gesture=True)
+            await page.wait_for("streamscribe.state === 'idle'", 10, "the page to stop")
+            status = await page.eval("document.getElementById('status').textContent")
+        finally:
+            await close(browser)
+        assert status == "Cancelled."
+        assert wait_for(lambda: not stalled.pending, 10), "the server kept the stopped upload's stream"
+

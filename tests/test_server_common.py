@@ -74,6 +74,16 @@ def reference(ckpt):
     return ref
 
 
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    """Poll `predicate` until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def wait_no_streams(engine, timeout: float = 10.0) -> int:
     deadline = time.monotonic() + timeout
     while True:

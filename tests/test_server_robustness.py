@@ -42,6 +42,7 @@ from test_server_common import (  # noqa: F401  (fixtures)
     session,
     start_server,
     utterance_vllm,
+    wait_for,
     wait_no_streams,
 )
 from websockets.asyncio.client import connect
@@ -66,15 +67,6 @@ def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict
             return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 # -- concurrency -------------------------------------------------------------------------------------
