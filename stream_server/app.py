@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-message-bytes", type=_positive_int, default=1 << 20)
     p.add_argument("--max-upload-mb", type=_positive_float, default=25.0,
                    help="largest file POST /v1/audio/transcriptions takes, in MiB (OpenAI's limit: 25)")
+    p.add_argument("--max-uploads", type=_positive_int, default=8,
+                   help="file transcriptions at once (each also takes a session slot); more get 503 server_busy")
     p.add_argument("--max-upload-minutes", type=_positive_float, default=60.0,
                    help="the most audio an upload may hold (decoded, it takes 230 MB of memory an hour)")
     p.add_argument("--max-pending-audio", type=_nonneg_float, default=2.0,
@@ -157,7 +159,7 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
         max_sessions=args.max_sessions, max_sessions_per_client=args.max_sessions_per_client,
         idle_timeout_s=args.idle_timeout if args.idle_timeout > 0 else float("inf"),
         max_message_bytes=args.max_message_bytes, max_pending_audio_s=args.max_pending_audio,
-        max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
+        max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_uploads=args.max_uploads,
         # an upload is one engine stream: no longer than a session may be
         max_upload_seconds=min(args.max_upload_minutes * 60, args.max_session_seconds or float("inf")),
         ping_interval_s=args.ping_interval or None, ping_timeout_s=args.ping_timeout or None,

@@ -281,6 +281,9 @@ class StreamServer:
         if self._sessions_open() >= self.settings.max_sessions:
             return HttpError(503, "server_full", f"The server is full ({self.settings.max_sessions} sessions and "
                              "transcriptions); try again later")
+        if len(self.http_jobs) >= self.settings.max_uploads:
+            return HttpError(503, "server_busy", f"All {self.settings.max_uploads} upload slots are in use "
+                             "(--max-uploads); try again shortly")
         quota = self.settings.max_sessions_per_client
         if quota and self._sessions_of[client] >= quota:
             return HttpError(429, "too_many_sessions", f"This client ({client}) already has {quota} sessions open, "

@@ -30,6 +30,9 @@ class ServerSettings:
     # ... and the most audio it may hold: compressed silence packs days into a few MB, and the decoded audio (16 kHz
     # mono float32: 230 MB an hour) is held while it is transcribed
     max_upload_seconds: float = 3600.0
+    # uploads transcribed at once (each also counts as a session); more get 503 `server_busy`, so that files cannot
+    # take every session slot, nor the memory of max_sessions decoded files, from live callers
+    max_uploads: int = 8
     transport_max_factor: int = 4
     idle_timeout_s: float = 30.0  # no client message and nothing in flight for this long -> idle_timeout
     ping_interval_s: float | None = 20.0

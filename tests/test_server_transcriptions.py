@@ -390,6 +390,24 @@ def test_per_client_quota_counts_uploads(start_server, engine):
         assert asyncio.run(ws_refused())["code"] == "too_many_sessions"  # a websocket session too
 
 
+def test_upload_slots_leave_room_for_live_sessions(start_server, engine, reference):
+    stalled = StalledEngine(engine)
+    srv = start_server(engine_override=stalled, max_uploads=1, engine_stall_timeout_s=30)
+    with upload_in_flight(srv, stalled, seed=37):
+        with pytest.raises(openai.InternalServerError) as info:
+            sdk(srv).audio.transcriptions.create(model=MODEL, file=("t.wav", wav_bytes(clip(1.0, seed=37))))
+        assert info.value.status_code == 503 and info.value.body["code"] == "server_busy"
+        assert info.value.response.headers["retry-after"] == "1"
+
+        async def ws_admitted() -> str:
+            async with connect(srv.ws_url) as ws:
+                return (await recv_json(ws))["type"]
+
+        assert asyncio.run(ws_admitted()) == "session.created"  # live sessions still get in
+    args = build_parser().parse_args(["--max-uploads", "3"])
+    assert settings_from_args(args, env={}).max_uploads == 3
+
+
 class PendingRecorder(StalledEngine):
     """A stalled engine that remembers the most audio any stream had queued."""
 
