@@ -162,10 +162,10 @@ class HttpAwareConnection(ServerConnection):
             if not self._request_done.done():
                 self._fail_read(HttpError(400, "bad_request", "the connection ended before the request was complete"))
                 return True  # keep our write side open for that reply
+            # the client closed its side after its request: it left (as Go's net/http reads it, since HTTP/1.1
+            # clients do not half-close while waiting for a reply), so its work is stopped, or never started
+            self.client_left = True
             if self.http_task is not None and not self.http_task.done():
-                self.client_left = True
-                # the client closed its side while its request runs: it left (as Go's net/http reads it, since
-                # HTTP/1.1 clients do not half-close while waiting for a reply), so its work is stopped
                 self.http_task.cancel()
             return True
         return super().eof_received()
@@ -195,7 +195,7 @@ class HttpAwareConnection(ServerConnection):
         request = await self._request_done
         reply = HttpReply(self.transport, head_only=request is not None and request.method in ("HEAD", "OPTIONS"),
                           headers=self.response_headers)
-        if request is not None:
+        if request is not None and not self.client_left:
             task = asyncio.current_task()
             self.http_task = task
             try:
