@@ -148,8 +148,10 @@ def is_openai_session_update(event: dict[str, Any]) -> bool:
 
 
 class Connection:
-    def __init__(self, ws: ServerConnection, ctx: ServerContext, query: dict[str, list[str]], client: str = "") -> None:
-        """client: who opened it, for logs and per-client quotas ("key #N" or the peer's address)."""
+    def __init__(self, ws: ServerConnection, ctx: ServerContext, query: dict[str, list[str]], client: str = "",
+                 initial_session: dict[str, Any] | None = None) -> None:
+        """client: who opened it, for logs and per-client quotas ("key #N" or the peer's address);
+        initial_session: the session configuration of the client secret it connected with (OpenAI dialect)."""
         from .openai_dialect import OpenAIDialect
         from .vllm_dialect import VllmDialect
 
@@ -168,8 +170,15 @@ class Connection:
         self._last_activity = time.monotonic()
         self._reading = False  # the receive loop waits on the socket (a pong could arrive now)
         self.dialect: Dialect
-        if wants_openai(query):
-            self.dialect, self._undecided = OpenAIDialect(self), False
+        self._initial_error: ProtocolError | None = None
+        if wants_openai(query) or initial_session is not None:
+            openai = OpenAIDialect(self)
+            if initial_session is not None:
+                try:
+                    openai.start_from(initial_session)
+                except ProtocolError as err:  # valid when issued; the server's models may have changed since
+                    self._initial_error = err
+            self.dialect, self._undecided = openai, False
             self.metrics.sessions_by_dialect.inc("openai")
         else:
             self.dialect, self._undecided = VllmDialect(self), True
@@ -214,6 +223,8 @@ class Connection:
         receiver = self._receiver = asyncio.create_task(self._receive_loop(), name=f"recv-{self.session_id}")
         try:
             self.send(self.dialect.session_created())
+            if self._initial_error is not None:  # the session started with the defaults instead: say why
+                self.send_error(self._initial_error)
             # The session ends when the client goes away (receiver ends), when we close it after
             # flushing (sender ends), or when sending fails.
             await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)

@@ -195,90 +195,15 @@ class OpenAIDialect:
             self._change_turn_detection()
         self._send({"type": "session.updated", "session": self._session()})
 
+    def start_from(self, session: dict[str, Any]) -> None:
+        """Start with a client secret's session configuration (before `session.created`)."""
+        self.config = self._parse_session(session)
+        self._resampler = self._new_resampler()
+        td = self.config.turn_detection
+        self._detector = None if td is None else TurnDetector(td)
+
     def _parse_session(self, session: object) -> TranscriptionConfig:
-        if not isinstance(session, dict):
-            raise ProtocolError("missing_required_parameter", "session.update needs a `session` object",
-                                param="session")
-        stype = session.get("type", "transcription")
-        if stype != "transcription":
-            raise ProtocolError("invalid_value", f"Only transcription sessions are served here, got type {stype!r}",
-                                param="session.type")
-        cfg = self.config
-        inc = session.get("include", cfg.include)
-        if inc is not None and (not isinstance(inc, list) or not all(isinstance(x, str) for x in inc)):
-            raise ProtocolError("invalid_value", "include must be a list of strings", param="session.include")
-        cfg = replace(cfg, include=inc)
-        audio = session.get("audio", {})
-        if audio is None:
-            audio = {}
-        if not isinstance(audio, dict) or not isinstance(audio.get("input", {}), (dict, type(None))):
-            raise ProtocolError("invalid_value", "audio must be an object like {\"input\": {...}}",
-                                param="session.audio")
-        inp = audio.get("input") or {}
-        if "format" in inp:
-            try:
-                cfg = replace(cfg, format=parse_openai_format(inp["format"]))
-            except ValueError as exc:
-                raise ProtocolError("invalid_value", str(exc), param=f"{P_INPUT}.format") from None
-        if "transcription" in inp and inp["transcription"] is not None:
-            cfg = self._parse_transcription(cfg, inp["transcription"])
-        if "turn_detection" in inp:
-            cfg = replace(cfg, turn_detection=self._parse_turn_detection(inp["turn_detection"]))
-        if "noise_reduction" in inp:
-            nr = inp["noise_reduction"]
-            if nr is not None and not isinstance(nr, dict):
-                raise ProtocolError("invalid_value", "noise_reduction must be an object or null",
-                                    param=f"{P_INPUT}.noise_reduction")
-            cfg = replace(cfg, noise_reduction=nr)
-        return cfg
-
-    def _parse_transcription(self, cfg: TranscriptionConfig, tr: object) -> TranscriptionConfig:
-        param = f"{P_INPUT}.transcription"
-        if not isinstance(tr, dict):
-            raise ProtocolError("invalid_value", "transcription must be an object", param=param)
-        names = self.conn.ctx.served_model_names
-        model = tr.get("model", cfg.model)
-        if not isinstance(model, str) or (model and model not in names):
-            raise ProtocolError("model_not_found", f"The model `{model}` does not exist (served: {', '.join(names)})",
-                                param=f"{param}.model")
-        language = tr.get("language", cfg.language)
-        if language is not None and not isinstance(language, str):
-            raise ProtocolError("invalid_value", "language must be a string", param=f"{param}.language")
-        prompt = tr.get("prompt", cfg.prompt)
-        if prompt is None:
-            prompt = ""
-        if not isinstance(prompt, str):
-            raise ProtocolError("invalid_value", "prompt must be a string", param=f"{param}.prompt")
-        delay = cfg.delay_ms
-        if tr.get("delay") is not None:
-            delay = parse_delay_name(tr["delay"], f"{param}.delay")
-        if tr.get("transcription_delay_ms") is not None:  # the explicit value wins over a delay name
-            delay = parse_delay_ms(tr["transcription_delay_ms"], f"{param}.transcription_delay_ms")
-        return replace(cfg, model=model or names[0], language=language, prompt=prompt, delay_ms=delay)
-
-    @staticmethod
-    def _parse_turn_detection(td: object) -> VadParams | None:
-        param = f"{P_INPUT}.turn_detection"
-        if td is None:
-            return None
-        if not isinstance(td, dict):
-            raise ProtocolError("invalid_value", "turn_detection must be an object or null", param=param)
-        if td.get("type") != "server_vad":
-            raise ProtocolError("invalid_value", f"turn_detection type {td.get('type')!r} is not supported "
-                                "(use \"server_vad\", or null for manual commits)", param=f"{param}.type")
-        d = VadParams()
-        threshold = td.get("threshold", d.threshold)
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
-            raise ProtocolError("invalid_value", f"threshold must be a number in [0, 1], got {threshold!r}",
-                                param=f"{param}.threshold")
-        values = {}
-        for name, hi in (("prefix_padding_ms", 10_000), ("silence_duration_ms", 10_000)):
-            v = td.get(name, getattr(d, name))
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
-                raise ProtocolError("invalid_value", f"{name} must be an integer in [0, {hi}], got {v!r}",
-                                    param=f"{param}.{name}")
-            values[name] = v
-        return VadParams(float(threshold), **values)
+        return parse_session(self.config, session, self.conn.ctx.served_model_names)
 
     def _change_turn_detection(self) -> None:
         old = self._detector
@@ -459,3 +384,90 @@ class OpenAIDialect:
         })
         self._send({"type": "conversation.item.done", "previous_item_id": item.previous_item_id,
                     "item": self._item_json(item, out.text)})
+
+
+def parse_session(cfg: TranscriptionConfig, session: object, names: tuple[str, ...]) -> TranscriptionConfig:
+    """`cfg` updated by a `session.update`'s (or a client secret's) `session` object; ProtocolError names the field
+    at fault. `names`: the served model names."""
+    if not isinstance(session, dict):
+        raise ProtocolError("missing_required_parameter", "session.update needs a `session` object",
+                            param="session")
+    stype = session.get("type", "transcription")
+    if stype != "transcription":
+        raise ProtocolError("invalid_value", f"Only transcription sessions are served here, got type {stype!r}",
+                            param="session.type")
+    inc = session.get("include", cfg.include)
+    if inc is not None and (not isinstance(inc, list) or not all(isinstance(x, str) for x in inc)):
+        raise ProtocolError("invalid_value", "include must be a list of strings", param="session.include")
+    cfg = replace(cfg, include=inc)
+    audio = session.get("audio", {})
+    if audio is None:
+        audio = {}
+    if not isinstance(audio, dict) or not isinstance(audio.get("input", {}), (dict, type(None))):
+        raise ProtocolError("invalid_value", "audio must be an object like {\"input\": {...}}",
+                            param="session.audio")
+    inp = audio.get("input") or {}
+    if "format" in inp:
+        try:
+            cfg = replace(cfg, format=parse_openai_format(inp["format"]))
+        except ValueError as exc:
+            raise ProtocolError("invalid_value", str(exc), param=f"{P_INPUT}.format") from None
+    if "transcription" in inp and inp["transcription"] is not None:
+        cfg = _parse_transcription(cfg, inp["transcription"], names)
+    if "turn_detection" in inp:
+        cfg = replace(cfg, turn_detection=_parse_turn_detection(inp["turn_detection"]))
+    if "noise_reduction" in inp:
+        nr = inp["noise_reduction"]
+        if nr is not None and not isinstance(nr, dict):
+            raise ProtocolError("invalid_value", "noise_reduction must be an object or null",
+                                param=f"{P_INPUT}.noise_reduction")
+        cfg = replace(cfg, noise_reduction=nr)
+    return cfg
+
+
+def _parse_transcription(cfg: TranscriptionConfig, tr: object, names: tuple[str, ...]) -> TranscriptionConfig:
+    param = f"{P_INPUT}.transcription"
+    if not isinstance(tr, dict):
+        raise ProtocolError("invalid_value", "transcription must be an object", param=param)
+    model = tr.get("model", cfg.model)
+    if not isinstance(model, str) or (model and model not in names):
+        raise ProtocolError("model_not_found", f"The model `{model}` does not exist (served: {', '.join(names)})",
+                            param=f"{param}.model")
+    language = tr.get("language", cfg.language)
+    if language is not None and not isinstance(language, str):
+        raise ProtocolError("invalid_value", "language must be a string", param=f"{param}.language")
+    prompt = tr.get("prompt", cfg.prompt)
+    if prompt is None:
+        prompt = ""
+    if not isinstance(prompt, str):
+        raise ProtocolError("invalid_value", "prompt must be a string", param=f"{param}.prompt")
+    delay = cfg.delay_ms
+    if tr.get("delay") is not None:
+        delay = parse_delay_name(tr["delay"], f"{param}.delay")
+    if tr.get("transcription_delay_ms") is not None:  # the explicit value wins over a delay name
+        delay = parse_delay_ms(tr["transcription_delay_ms"], f"{param}.transcription_delay_ms")
+    return replace(cfg, model=model or names[0], language=language, prompt=prompt, delay_ms=delay)
+
+
+def _parse_turn_detection(td: object) -> VadParams | None:
+    param = f"{P_INPUT}.turn_detection"
+    if td is None:
+        return None
+    if not isinstance(td, dict):
+        raise ProtocolError("invalid_value", "turn_detection must be an object or null", param=param)
+    if td.get("type") != "server_vad":
+        raise ProtocolError("invalid_value", f"turn_detection type {td.get('type')!r} is not supported "
+                            "(use \"server_vad\", or null for manual commits)", param=f"{param}.type")
+    d = VadParams()
+    threshold = td.get("threshold", d.threshold)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        raise ProtocolError("invalid_value", f"threshold must be a number in [0, 1], got {threshold!r}",
+                            param=f"{param}.threshold")
+    values = {}
+    for name, hi in (("prefix_padding_ms", 10_000), ("silence_duration_ms", 10_000)):
+        v = td.get(name, getattr(d, name))
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
+            raise ProtocolError("invalid_value", f"{name} must be an integer in [0, {hi}], got {v!r}",
+                                param=f"{param}.{name}")
+        values[name] = v
+    return VadParams(float(threshold), **values)

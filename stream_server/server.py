@@ -13,6 +13,7 @@ finished and their transcripts sent before it is closed (`Connection.shut_down`)
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -32,18 +33,20 @@ from realtime.serving import AdmissionError, TranscriptionEngine
 from . import auth
 from .connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN_LATER, Connection, ServerContext, wants_openai
 from .engine_stream import EngineStream
-from .events import ProtocolError, dumps
+from .events import ProtocolError, dumps, new_id
 from .http import HttpRoutes, error_response
 from .http_connection import HttpAwareConnection, HttpReply, connection_factory
+from .client_secrets import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, ClientSecrets, EphemeralGrant, is_ephemeral
 from .http_requests import HttpError, HttpRequest
 from .transcriptions import TRANSCRIPTIONS_PATH, OnEnd, OnToken, protocol_error_status, serve_transcription
 from .metrics import Metrics
-from .openai_dialect import OpenAIDialect
+from .openai_dialect import OpenAIDialect, TranscriptionConfig, parse_session
 from .vllm_dialect import VllmDialect
 from .settings import REALTIME_PATH, ServerSettings
 
 logger = logging.getLogger(__name__)
 
+CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
 HANDSHAKE_TIMEOUT_S = 10.0  # websockets' default open_timeout: the TLS and websocket handshakes, the request line
 UPLOAD_READ_TIMEOUT_S = 30.0  # an upload that sends nothing for this long (or the idle timeout, if shorter) gets 408
 
@@ -60,6 +63,7 @@ class StreamServer:
                                  ThreadPoolExecutor(max_workers=2, thread_name_prefix="vad"))
         self.active: set[Connection] = set()
         self.http_jobs: set[HttpAwareConnection] = set()  # file transcriptions running (they count as sessions)
+        self.client_secrets = ClientSecrets(settings.api_keys)
         self._sessions_of: Counter[str] = Counter()  # open sessions per client (`_client_of`)
         self._server: Server | None = None
         self._stats_task: asyncio.Task[None] | None = None
@@ -169,7 +173,14 @@ class StreamServer:
         return auth.key_index(key, self.settings.api_keys)
 
     def _authorized(self, request: Request) -> bool:
+        """An API key (or auth off): the HTTP routes. Client secrets open realtime sessions only."""
         return not self.settings.auth_enabled or self._key_index(request) is not None
+
+    def _grant(self, request: Request) -> EphemeralGrant | None:
+        """The valid client secret the handshake carries, if any (`client_secrets.py`)."""
+        protos = auth.offered_subprotocols(request.headers.get_all("Sec-WebSocket-Protocol"))
+        key = auth.extract_api_key(request.headers.get("Authorization"), request.path, protos)
+        return self.client_secrets.verify(key, time.time()) if is_ephemeral(key) else None
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = urlsplit(request.path).path
@@ -188,9 +199,9 @@ class StreamServer:
             self.metrics.rejected.inc("origin")
             logger.warning("refused websocket from origin %r", origin)
             return error_response(403, "origin_not_allowed", f"Origin {origin} is not allowed (see --allowed-origins)")
-        if not self._authorized(request):
+        if not self._authorized(request) and self._grant(request) is None:
             self.metrics.rejected.inc("unauthorized")
-            return error_response(401, "invalid_api_key", "Missing or invalid API key",
+            return error_response(401, "invalid_api_key", "Missing or invalid API key (or an expired client secret)",
                                   {"WWW-Authenticate": "Bearer"})
         return None
 
@@ -214,7 +225,8 @@ class StreamServer:
                 "too_many_sessions", f"This client ({client}) already has {quota} sessions open, the most one client "
                 "may hold; close one or try again later"), CLOSE_TRY_AGAIN_LATER, "too many sessions")
             return
-        conn = Connection(ws, self.ctx, query, client)
+        grant = self._grant(ws.request) if ws.request is not None else None
+        conn = Connection(ws, self.ctx, query, client, grant.session if grant is not None else None)
         self.active.add(conn)
         self._sessions_of[client] += 1
         self.metrics.sessions_active.set(len(self.active))
@@ -249,6 +261,14 @@ class StreamServer:
     def _check_http_head(self, request: HttpRequest, conn: HttpAwareConnection) -> HttpError | None:
         """Refusals decided by the request's head alone, before its body is read (the connection sends them)."""
         path = urlsplit(request.target).path
+        if path == CLIENT_SECRETS_PATH:
+            if request.method != "POST":
+                return HttpError(405, "method_not_allowed", f"{path} takes POST, not {request.method}")
+            if self.settings.auth_enabled and self._http_key_index(request) is None:
+                self.metrics.rejected.inc("unauthorized")
+                return HttpError(401, "invalid_api_key", "Missing or invalid API key (client secrets are made with an "
+                                 "API key, never with another client secret)")
+            return None
         if path != TRANSCRIPTIONS_PATH:
             if path == REALTIME_PATH or path in ("/health", "/metrics", "/v1/models"):
                 return HttpError(405, "method_not_allowed", f"{path} takes GET, not {request.method}")
@@ -265,8 +285,7 @@ class StreamServer:
             return None
         if request.method != "POST":
             return HttpError(405, "method_not_allowed", f"{TRANSCRIPTIONS_PATH} takes POST, not {request.method}")
-        key = auth.extract_api_key(request.header("authorization"), request.target, [])
-        if self.settings.auth_enabled and auth.key_index(key, self.settings.api_keys) is None:
+        if self.settings.auth_enabled and self._http_key_index(request) is None:
             self.metrics.rejected.inc("unauthorized")
             return HttpError(401, "invalid_api_key", "Missing or invalid API key")
         refusal = self._http_refusal(self._http_client(request, conn))
@@ -290,16 +309,26 @@ class StreamServer:
                              "the most one client may hold; try again later")
         return None
 
+    def _http_key_index(self, request: HttpRequest) -> int | None:
+        """Which API key an HTTP request carries (Bearer header or ?api_key=)."""
+        key = auth.extract_api_key(request.header("authorization"), request.target, [])
+        return auth.key_index(key, self.settings.api_keys)
+
     def _http_client(self, request: HttpRequest, conn: HttpAwareConnection) -> str:
         if self.settings.auth_enabled:
-            index = auth.key_index(auth.extract_api_key(request.header("authorization"), request.target, []),
-                                   self.settings.api_keys)
+            index = self._http_key_index(request)
             if index is not None:
                 return f"key #{index + 1}"
         peer = conn.remote_address
         return str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
 
     async def _handle_http(self, request: HttpRequest, reply: HttpReply, conn: HttpAwareConnection) -> None:
+        if urlsplit(request.target).path == CLIENT_SECRETS_PATH:
+            try:
+                reply.send_json(200, self._client_secret(request))
+            except ProtocolError as err:
+                reply.fail(400, err.code, err.message, err.param)
+            return
         if request.method == "OPTIONS":
             reply.send(204, b"", "", {"Allow": "POST, OPTIONS", "Access-Control-Allow-Methods": "POST",
                                       "Access-Control-Allow-Headers": "authorization, content-type",
@@ -350,9 +379,44 @@ class StreamServer:
             logger.info("POST %s (%s): %s after %.2f s, %.1f s of audio", TRANSCRIPTIONS_PATH, client, outcome,
                         time.monotonic() - t0, seconds)
 
+    def _client_secret(self, request: HttpRequest) -> dict[str, Any]:
+        """POST /v1/realtime/client_secrets: {"expires_after": {"anchor", "seconds"}, "session": {...}} -> the secret,
+        its expiry and the session it starts (OpenAI's shapes). ProtocolError for a bad request."""
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            raise ProtocolError("invalid_json", "the body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise ProtocolError("invalid_json", "the body must be a JSON object")
+        for name in body:
+            if name not in ("expires_after", "session"):
+                raise ProtocolError("unknown_parameter", f"unknown parameter {name!r}", param=name)
+        after = body.get("expires_after") or {}
+        seconds = after.get("seconds", DEFAULT_TTL_S) if isinstance(after, dict) else None
+        if (not isinstance(after, dict) or after.get("anchor", "created_at") != "created_at"
+                or isinstance(seconds, bool) or not isinstance(seconds, int) or not MIN_TTL_S <= seconds <= MAX_TTL_S):
+            raise ProtocolError("invalid_value", f"expires_after must be {{\"anchor\": \"created_at\", \"seconds\": "
+                                f"{MIN_TTL_S}..{MAX_TTL_S}}}", param="expires_after")
+        names = self.settings.served_model_names
+        cfg = TranscriptionConfig(model=names[0])
+        session = body.get("session")
+        if session is not None:
+            cfg = parse_session(cfg, session, names)  # checked now, so that the app learns of a mistake here
+        expires_at = int(time.time()) + seconds
+        key_index = self._http_key_index(request) if self.settings.auth_enabled else None
+        try:
+            value = self.client_secrets.issue(key_index, session, expires_at)
+        except ValueError as exc:
+            raise ProtocolError("invalid_value", str(exc), param="session") from None
+        started = OpenAIDialect.session_object(new_id("sess_"), cfg, self.engine.config.streaming.default_delay_ms)
+        return {"value": value, "expires_at": expires_at, "session": {**started, "expires_at": expires_at}}
+
     def _client_of(self, ws: ServerConnection) -> str:
         """Who opened `ws`: "key #N" (the N-th configured key, from 1) with keys, else the peer's address."""
         index = self._key_index(ws.request) if self.settings.auth_enabled and ws.request is not None else None
+        if index is None and self.settings.auth_enabled and ws.request is not None:
+            grant = self._grant(ws.request)  # a client secret counts against the key that issued it
+            index = grant.key_index if grant is not None else None
         if index is not None:
             return f"key #{index + 1}"
         peer = ws.remote_address

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import Any
 
 import numpy as np
+import openai
 import pytest
 from test_server_common import (  # noqa: F401  (fixtures)
     MODEL,
@@ -24,8 +26,11 @@ from test_server_common import (  # noqa: F401  (fixtures)
     session,
     start_server,
 )
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from realtime.audio import resample
+from stream_server.client_secrets import ClientSecrets
 from stream_server.codecs import ALAW_TO_PCM16, ULAW_TO_PCM16
 
 SHORT = clip(0.5, seed=31)
@@ -274,3 +279,59 @@ async def test_openai_sdk_rejected_without_key(start_server):
         async with client.realtime.connect(extra_query={"intent": "transcription"}):
             pass
     assert "401" in str(info.value)
+
+
+async def test_client_secrets_open_sessions_with_their_configuration(start_server, reference):
+    """`client.realtime.client_secrets.create(...)` with the API key gives an `ek_` secret; a websocket opened with it
+    (no key, no ?intent) is an OpenAI transcription session that starts with the secret's configuration. The secret
+    opens realtime sessions only, counts against the key that made it, and is refused once altered or expired."""
+    srv = start_server(api_keys=("sk-a", "sk-b"), max_sessions_per_client=1)
+    client = openai.OpenAI(base_url=f"{srv.http_url}/v1", api_key="sk-b", max_retries=0)
+    made = client.realtime.client_secrets.create(
+        expires_after={"anchor": "created_at", "seconds": 60},
+        session={"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000},
+                                                              "turn_detection": None,
+                                                              "transcription": {"model": MODEL}}}})
+    assert made.value.startswith("ek_") and made.session.type == "transcription"
+    assert made.expires_at - 60 <= int(time.time()) <= made.expires_at
+    proto = f"openai-insecure-api-key.{made.value}"
+    async with connect(srv.ws_url, subprotocols=["realtime", proto]) as ws:
+        created = await recv_json(ws)
+        assert created["type"] == "session.created"
+        inp = created["session"]["audio"]["input"]
+        assert inp["format"] == {"type": "audio/pcm", "rate": 16000} and inp["turn_detection"] is None
+        await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(pcm16(SHORT))})
+        await send_json(ws, {"type": "input_audio_buffer.commit"})
+        events = await recv_until(ws, {COMPLETED, "error"})
+        assert events[-1]["type"] == COMPLETED and events[-1]["transcript"] == reference(SHORT)
+        # the secret counts against key #2: a second session of it is over that key's quota of 1
+        async with connect(srv.ws_url, additional_headers={"Authorization": "Bearer sk-b"}) as other:
+            assert (await recv_json(other))["code"] == "too_many_sessions"
+    # realtime sessions only: not uploads, not the model list; altered secrets are refused
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{srv.http_url}/v1", api_key=made.value, max_retries=0).models.list()
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{srv.http_url}/v1", api_key=made.value, max_retries=0).audio.transcriptions.create(
+            model=MODEL, file=("a.wav", b"RIFF"))
+    with pytest.raises(openai.AuthenticationError):  # a secret cannot make another
+        openai.OpenAI(base_url=f"{srv.http_url}/v1", api_key=made.value,
+                      max_retries=0).realtime.client_secrets.create()
+    tampered = made.value[:-3] + ("AAA" if not made.value.endswith("AAA") else "BBB")
+    for bad in (tampered, "ek_nonsense", made.value.replace("ek_", "ek_x", 1)):
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(srv.ws_url, subprotocols=[f"openai-insecure-api-key.{bad}"]):
+                pass
+        assert info.value.response.status_code == 401
+    # expiry and keys: a secret is void after its time and under other API keys
+    secrets = ClientSecrets(("sk-a", "sk-b"))
+    value = secrets.issue(0, None, expires_at=1000)
+    assert secrets.verify(value, now=999) is not None and secrets.verify(value, now=1000) is None
+    assert ClientSecrets(("sk-a",)).verify(value, now=0) is None
+    # bad requests name the field
+    for kw, param in (({"expires_after": {"anchor": "created_at", "seconds": 5}}, "expires_after"),
+                      ({"session": {"type": "realtime"}}, "session.type"),
+                      ({"session": {"audio": {"input": {"transcription": {"model": "nope"}}}}},
+                       "session.audio.input.transcription.model")):
+        with pytest.raises(openai.BadRequestError) as bad_info:
+            client.realtime.client_secrets.create(**kw)
+        assert bad_info.value.body["param"] == param, bad_info.value.body
