@@ -894,6 +894,32 @@ def test_workers_share_one_port_and_stop_together(reference, tmp_path):
             proc.wait()
 
 
+def test_client_secrets_work_on_every_worker():
+    """A client secret made by whichever worker took the request opens sessions on every worker (they are signed,
+    not stored), and the session starts with the secret's configuration there too."""
+    proc, url, pids = start_workers(2, "--api-key", "k-w", "--max-sessions", "16")
+    try:
+        port = int(url.split(":")[2].split("/")[0])
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k-w", max_retries=0)
+        made = client.realtime.client_secrets.create(session={"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}})
+
+        async def open_with_secret() -> tuple[object, str]:
+            async with connect(url, subprotocols=[f"openai-insecure-api-key.{made.value}"]) as ws:
+                created = await recv_json(ws)
+            return created["session"]["audio"]["input"]["turn_detection"], created["type"]
+
+        async def many() -> list[tuple[object, str]]:
+            return list(await asyncio.gather(*(open_with_secret() for _ in range(12))))
+
+        assert asyncio.run(many()) == [(None, "session.created")] * 12
+        answered = {json.loads(http_get(f"http://127.0.0.1:{port}/health")[2])["pid"] for _ in range(24)}
+        assert answered == set(pids)  # both workers take connections (so both took some of the 12)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def test_a_worker_that_dies_stops_the_others():
     """A worker that exits on its own (here: killed) makes the supervisor stop the other and exit with an
     error, rather than serve on at half capacity unnoticed."""
