@@ -185,6 +185,9 @@ async def serve_until_signal(settings: ServerSettings, engine, ready_file: Path 
     await server.start()
     url = f"{settings.ws_scheme}://{settings.host}:{server.port}/v1/realtime"
     print(f"streamscribe listening on {url}", file=sys.stderr, flush=True)
+    base = f"{settings.http_scheme}://{settings.host}:{server.port}"
+    print(f"streamscribe: demo page {base}/, file uploads POST {base}/v1/audio/transcriptions", file=sys.stderr,
+          flush=True)
     mark_ready(ready_file)
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
