@@ -1,9 +1,10 @@
 """`POST /v1/audio/transcriptions`: OpenAI's file transcription endpoint, served by the streaming engine.
 
 The upload (multipart/form-data, as the OpenAI SDK's `client.audio.transcriptions.create`, curl -F and
-browsers send it) is decoded (WAV, FLAC, Ogg Vorbis/Opus, MP3; any rate, any channels), handed to the
-engine as one stream with all its audio at once, and finished. The engine decodes it as fast as it can,
-speculating with its drafter when it has one. The words are the ones a websocket session would get.
+browsers send it) is decoded (WAV, FLAC, Ogg Vorbis/Opus, MP3; any rate, any channels) and becomes one engine
+stream, handed its audio in pieces ahead of the decoding (`TranscriptionJob`), then finished. The engine decodes it
+as fast as it can, speculating with its drafter when it has one. The words are the ones a websocket session would
+get.
 
 Form fields: `file` (required), `model` (a served name; default the first), `response_format` (`json`,
 `text`, `srt`, `vtt`, `verbose_json`), `timestamp_granularities[]` (`segment`, `word`; verbose_json only),
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,8 +35,6 @@ from .http_connection import EVENT_STREAM, HttpReply
 from .http_requests import HttpError
 from .multipart import FormPart, parse_form
 from .options import parse_delay_ms
-
-logger = logging.getLogger(__name__)
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
