@@ -57,6 +57,8 @@ from typing import Any, Awaitable, Callable, Sequence
 import numpy as np
 import websockets
 
+from .upload_client import http_base
+
 logger = logging.getLogger("stream_server.loadtest")
 
 RATE = 16000
@@ -138,18 +140,12 @@ def redacted(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
 
 
-def http_base(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
-    return f"{scheme}://{parts.netloc}"
-
-
 def fetch_model(url: str, api_key: str | None, timeout: float = 10.0, ca_file: str | None = None) -> str:
     """The first model `/v1/models` lists ("" if the server has no such endpoint)."""
-    req = urllib.request.Request(f"{http_base(url)}/v1/models")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
     try:
+        req = urllib.request.Request(f"{http_base(url)}/v1/models")
+        if api_key:
+            req.add_header("Authorization", f"Bearer {api_key}")
         with urllib.request.urlopen(req, timeout=timeout, context=client_tls(ca_file).get("ssl")) as resp:
             data = json.load(resp).get("data") or []
     except (urllib.error.URLError, OSError, ValueError) as exc:
