@@ -57,7 +57,7 @@ from typing import Any, Awaitable, Callable, Sequence
 import numpy as np
 import websockets
 
-from .upload_client import http_base
+from .upload_client import UploadError, http_base, upload_file
 
 logger = logging.getLogger("stream_server.loadtest")
 
@@ -453,6 +453,68 @@ def summarize(results: Sequence[StreamResult], wall_s: float, slo_ms: float) -> 
 class LevelResult:
     summary: LevelSummary
     streams: list[StreamResult]
+    uploads: UploadSummary | None = None  # `--uploads`: the file transcriptions that ran beside the streams
+
+
+@dataclass
+class UploadSummary:
+    in_flight: int  # requests kept running at once
+    completed: int
+    errors: int
+    error_codes: dict[str, int]
+    audio_s: float  # audio of the completed requests
+    wall_s: float  # from the level's start until the last request returned
+    median_request_s: float | None
+
+    @property
+    def x_real_time(self) -> float:
+        return self.audio_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class UploadLoad:
+    """`--uploads N`: N file transcriptions (POST /v1/audio/transcriptions) kept in flight while a level runs, each
+    client uploading the files in turn; `stop` lets the running requests finish and sums them up."""
+
+    def __init__(self, n: int, paths: Sequence[str], url: str, api_key: str | None, ca_file: str | None,
+                 timeout_s: float) -> None:
+        self.n, self.paths, self.url = n, [Path(p) for p in paths], url
+        self.api_key, self.ca_file, self.timeout_s = api_key, ca_file, timeout_s
+        self._stop = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._t0 = 0.0
+        self._seconds: list[float] = []
+        self._audio = 0.0
+        self._errors: dict[str, int] = {}
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._tasks = [asyncio.create_task(self._client(i)) for i in range(self.n)]
+
+    async def _client(self, i: int) -> None:
+        k = i
+        while not self._stop:
+            path = self.paths[k % len(self.paths)]
+            k += self.n
+            try:
+                r = await asyncio.to_thread(upload_file, self.url, path, api_key=self.api_key, ca_file=self.ca_file,
+                                            timeout=self.timeout_s)
+            except UploadError as exc:
+                self._errors[exc.code or str(exc.status)] = self._errors.get(exc.code or str(exc.status), 0) + 1
+                await asyncio.sleep(0.5)  # a refusal (server_busy...) is retried, not hammered
+                continue
+            except OSError as exc:
+                self._errors[type(exc).__name__] = self._errors.get(type(exc).__name__, 0) + 1
+                await asyncio.sleep(0.5)
+                continue
+            self._seconds.append(r.seconds)
+            self._audio += float(r.body.get("usage", {}).get("seconds", 0.0))
+
+    async def stop(self) -> UploadSummary:
+        self._stop = True
+        await asyncio.gather(*self._tasks)
+        secs = sorted(self._seconds)
+        return UploadSummary(self.n, len(secs), sum(self._errors.values()), dict(self._errors), round(self._audio, 3),
+                             round(time.perf_counter() - self._t0, 3), secs[len(secs) // 2] if secs else None)
 
 
 def start_time(t0: float, stagger_ms: float, i: int, n: int) -> float:
@@ -612,10 +674,13 @@ def level_json(level: LevelResult) -> dict[str, Any]:
             {k: v for k, v in asdict(r).items() if k != "delays_ms"} | {"delay_samples": len(r.delays_ms)}
             for r in level.streams
         ],
+        "uploads": None if level.uploads is None else asdict(level.uploads) | {
+            "x_real_time": round(level.uploads.x_real_time, 3)},
     }
 
 
-def print_table(levels: Sequence[LevelResult], slo_ms: float, out=sys.stdout) -> None:
+def print_table(levels: Sequence[LevelResult], slo_ms: float, out: Any = None) -> None:
+    out = sys.stdout if out is None else out  # looked up now: sys.stdout may have been replaced since import
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.0f}"
 
@@ -629,6 +694,14 @@ def print_table(levels: Sequence[LevelResult], slo_ms: float, out=sys.stdout) ->
               f"{ms(s.delay_p90_ms):>6} {ms(s.delay_p99_ms):>6} {ms(s.delay_max_ms):>6} {ms(s.ttft_p50_ms):>7} "
               f"{ms(s.final_p50_ms):>8} {ms(s.final_p99_ms):>8} {s.send_lag_max_ms:>5.0f}  "
               f"{'pass' if s.passes_slo else 'FAIL'}", file=out)
+    for lv in levels:
+        u = lv.uploads
+        if u is not None:
+            med = "-" if u.median_request_s is None else f"{u.median_request_s:.1f}"
+            codes = ", ".join(f"{c} {k}" for c, k in sorted(u.error_codes.items()))
+            print(f"beside {lv.summary.streams} streams: {u.completed} uploads ({u.in_flight} in flight), "
+                  f"{u.audio_s:.0f} s of audio at {u.x_real_time:.1f}x real time, median request {med} s, "
+                  f"{u.errors} refused or failed{f' ({codes})' if codes else ''}", file=out)
 
 
 def plots_available() -> bool:
@@ -713,6 +786,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--processes", type=int, default=1,
                     help="client processes sharing each level's streams (one process holds a few hundred "
                          "paced clients before it falls behind: watch the lag column)")
+    ap.add_argument("--uploads", type=int, default=0,
+                    help="also keep this many file transcriptions (POST /v1/audio/transcriptions) running during "
+                         "each level: live latency next to uploads")
+    ap.add_argument("--upload-files", nargs="+", default=None, help="files to upload (default: --files)")
     ap.add_argument("--out", type=Path, default=None, help="JSON results file (plots go beside it)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
@@ -732,6 +809,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--search needs a maximum >= 1")
     if args.processes < 1:
         ap.error("--processes must be at least 1")
+    if args.uploads < 0:
+        ap.error("--uploads must be >= 0")
     return args
 
 
@@ -754,12 +833,19 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[LevelResul
     workers = ClientProcesses(args.processes, args.files, args.duration) if args.processes > 1 else None
 
     async def measure(n: int) -> LevelSummary:
-        logger.info("level: %d concurrent stream(s)", n)
+        logger.info("level: %d concurrent stream(s)%s", n, f" and {args.uploads} upload(s)" if args.uploads else "")
+        uploads = None
+        if args.uploads:
+            uploads = UploadLoad(args.uploads, args.upload_files or args.files, args.url, args.api_key, args.ca_file,
+                                 timeout_s=max(600.0, args.final_timeout))
+            uploads.start()
         if workers is not None:
             level = await workers.run_level(cfg, n, slo_ms=slo_ms, stagger_ms=args.stagger_ms)
         else:
             level = await run_level(cfg, [audio_for(i) for i in range(n)], n, slo_ms=slo_ms,
                                     stagger_ms=args.stagger_ms)
+        if uploads is not None:
+            level.uploads = await uploads.stop()
         levels.append(level)
         s = level.summary
         logger.info("%d streams: p99 %s ms, %d errors, %d rejected -> %s", n,
@@ -792,6 +878,7 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[LevelResul
             "files": [str(f) for f in args.files], "duration_s": args.duration, "rate": cfg.rate,
             "delay_ms": cfg.delay_ms, "chunk_ms": cfg.chunk_ms, "stagger_ms": args.stagger_ms, "mode": mode,
             "ramp": args.ramp, "search_max": args.search, "processes": args.processes,
+            "uploads": args.uploads, "upload_files": args.upload_files,
         },
         "slo": {"metric": "emission delay p99 (ms)", "threshold_ms": slo_ms},
         "max_streams_within_slo": outcome.best,

@@ -96,6 +96,23 @@ def test_small_run_writes_json_and_matches_single_clients(server: ServerThread, 
         assert (tmp_path / "results_vs_streams.png").stat().st_size > 0
 
 
+def test_uploads_run_beside_the_streams(server: ServerThread, short_wav: Path, tmp_path: Path, capfd) -> None:
+    """`--uploads 2`: file transcriptions kept in flight during the level; the report and the table say how many
+    ran, how much audio they carried, how fast, and whether any failed."""
+    out = tmp_path / "mixed.json"
+    rc = loadtest.main(["--url", server.ws_url, "--streams", "2", "--files", str(short_wav), "--uploads", "2",
+                        "--upload-files", str(short_wav), "--stagger-ms", "0", "--out", str(out), "--no-plots", "-q"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["uploads"] == 2
+    (level,) = report["levels"]
+    u = level["uploads"]
+    assert u["in_flight"] == 2 and u["completed"] >= 2 and u["errors"] == 0
+    assert u["audio_s"] == pytest.approx(2.5 * u["completed"], abs=0.01) and u["x_real_time"] > 0
+    assert level["summary"]["completed"] == 2 and level["summary"]["errors"] == 0
+    assert f"beside 2 streams: {u['completed']} uploads (2 in flight)" in capfd.readouterr().out
+
+
 def test_clients_spread_over_processes(server: ServerThread, short_wav: Path, tmp_path: Path) -> None:
     """`--processes 2`: the level's streams run in two worker processes (stream i in worker i mod 2) and come
     back as one level: every stream, in index order, each with its file's text and its delays."""
