@@ -110,7 +110,8 @@ def main() -> None:
         torch.testing.assert_close(place(), gather(), rtol=1e-4, atol=1e-5)
         t_gather, t_first, t_place = (timed(f, args.repeats) for f in (gather, first, place))
         t_mask = timed(lambda: in_place_mask(q_pos, s, args.run, width, args.block, args.window), args.repeats)
-        rows.append({"streams": s, "gather_us": round(t_gather * 1e6, 1), "gather_first_layer_us": round(t_first * 1e6, 1),
+        rows.append({"streams": s, "gather_us": round(t_gather * 1e6, 1),
+                     "gather_first_layer_us": round(t_first * 1e6, 1),
                      "in_place_us": round(t_place * 1e6, 1), "in_place_mask_once_per_step_us": round(t_mask * 1e6, 1),
                      "ratio": round(t_gather / t_place, 2)})
         print(json.dumps(rows[-1]))

@@ -1,5 +1,5 @@
-"""Subtitles (SubRip, WebVTT) from word timings (`realtime.timestamps.Word`): the offline CLI's and the client's `--srt`,
-the HTTP transcription endpoint's `srt` and `vtt` formats."""
+"""Subtitles (SubRip, WebVTT) from word timings (`realtime.timestamps.Word`): the offline CLI's and the client's
+`--srt`, the HTTP transcription endpoint's `srt` and `vtt` formats."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def default_dtype(device: str) -> torch.dtype:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="Transcribe WAV/FLAC/Ogg files with a Voxtral-Realtime-style model.")
+    ap = argparse.ArgumentParser(description="Transcribe WAV/FLAC/Ogg/MP3 files with a Voxtral-Realtime-style model.")
     ap.add_argument("--model", default="default", help="checkpoint folder, or 'default' for the embedded model")
     ap.add_argument("--delay-ms", type=int, default=None, help="transcription delay (multiple of 80 ms)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="report the seconds decoded on stderr about once a second (the engine; not --reference)")
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.add_argument("files", nargs="+",
-                    help="audio files (WAV, FLAC or Ogg Vorbis/Opus, any sample rate, mono or multi-channel)")
+                    help="audio files (WAV, FLAC, Ogg Vorbis/Opus or MP3, any sample rate, mono or multi-channel)")
     return ap
 
 

@@ -7,9 +7,9 @@
     ffmpeg -loglevel quiet -i INPUT -f s16le -ar 16000 -ac 1 - | python -m stream_server.client -
 
 It speaks the vLLM dialect of `/v1/realtime` (so it works with vLLM's server too), or with `--turns` the OpenAI
-dialect with server VAD: one line per spoken turn, for long live sessions. Files: WAV/FLAC/Ogg at any rate
+dialect with server VAD: one line per spoken turn, for long live sessions. Files: WAV/FLAC/Ogg/MP3 at any rate
 and channel count (resampled to 16 kHz mono); `-`: raw PCM16 little-endian mono 16 kHz on stdin. `--upload` sends
-the file itself to the server's file transcription endpoint instead (any format the server reads, MP3 too) and
+the file itself to the server's file transcription endpoint instead (any format the server reads) and
 prints the text as the server streams it back (`upload_client.py`).
 
 stdout gets the transcript as the deltas arrive, then a newline (`--json`: every server event as one JSON line
@@ -303,7 +303,7 @@ def upload_main(args: argparse.Namespace, api_key: str | None, out: TextIO, err:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m stream_server.client", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", help="audio file (WAV/FLAC/Ogg), or - for raw PCM16 LE mono 16 kHz on stdin")
+    p.add_argument("source", help="audio file (WAV/FLAC/Ogg/MP3), or - for raw PCM16 LE mono 16 kHz on stdin")
     p.add_argument("--url", default="ws://127.0.0.1:8000", help="server: ws[s]://HOST:PORT[/v1/realtime]")
     p.add_argument("--model", default=None, help="model name (default: the first the server lists)")
     p.add_argument("--api-key", default=None, help=f"API key (default: ${API_KEY_ENV})")

@@ -19,8 +19,12 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
+
+from .events import ProtocolError, new_id
+from .openai_dialect import OpenAIDialect, TranscriptionConfig, parse_session
 
 PREFIX = "ek_"
 DEFAULT_TTL_S, MIN_TTL_S, MAX_TTL_S = 600, 10, 7200  # OpenAI's: 10 minutes by default, 10 s to 2 hours
@@ -59,6 +63,38 @@ class ClientSecrets:
         if len(value) > MAX_SECRET_CHARS:
             raise ValueError(f"the session configuration is too large for a client secret ({len(value)} characters)")
         return value
+
+    def create(self, body: bytes, *, key_index: int | None, served: tuple[str, ...],
+               default_delay_ms: int) -> dict[str, Any]:
+        """`POST /v1/realtime/client_secrets`: {"expires_after": {"anchor", "seconds"}, "session": {...}} -> the
+        secret, its expiry and the session it starts (OpenAI's shapes); ProtocolError (a 400) names the field at
+        fault. `key_index`: the API key the request carried (None with auth off)."""
+        try:
+            req = json.loads(body or b"{}")
+        except ValueError:
+            raise ProtocolError("invalid_json", "the body must be a JSON object") from None
+        if not isinstance(req, dict):
+            raise ProtocolError("invalid_json", "the body must be a JSON object")
+        for name in req:
+            if name not in ("expires_after", "session"):
+                raise ProtocolError("unknown_parameter", f"unknown parameter {name!r}", param=name)
+        after = req.get("expires_after") or {}
+        seconds = after.get("seconds", DEFAULT_TTL_S) if isinstance(after, dict) else None
+        if (not isinstance(after, dict) or after.get("anchor", "created_at") != "created_at"
+                or isinstance(seconds, bool) or not isinstance(seconds, int) or not MIN_TTL_S <= seconds <= MAX_TTL_S):
+            raise ProtocolError("invalid_value", f"expires_after must be {{\"anchor\": \"created_at\", \"seconds\": "
+                                f"{MIN_TTL_S}..{MAX_TTL_S}}}", param="expires_after")
+        cfg = TranscriptionConfig(model=served[0])
+        session = req.get("session")
+        if session is not None:
+            cfg = parse_session(cfg, session, served)  # checked now, so that the app learns of a mistake here
+        expires_at = int(time.time()) + seconds
+        try:
+            value = self.issue(key_index, session, expires_at)
+        except ValueError as exc:
+            raise ProtocolError("invalid_value", str(exc), param="session") from None
+        started = OpenAIDialect.session_object(new_id("sess_"), cfg, default_delay_ms)
+        return {"value": value, "expires_at": expires_at, "session": {**started, "expires_at": expires_at}}
 
     def verify(self, value: str | None, now: float) -> EphemeralGrant | None:
         """The grant of a valid, unexpired secret; None for anything else (forged, altered, expired, malformed)."""

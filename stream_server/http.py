@@ -35,16 +35,21 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_STATIC_BYTES = 64 << 20
 
 
+def common_headers(content_type: str) -> dict[str, str]:
+    """The headers of every HTTP response on this port (GET routes here, uploads in `http_connection.py`)."""
+    return {"Date": email.utils.formatdate(usegmt=True), "Connection": "close", "Content-Type": content_type,
+            "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+
+
+def error_body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape, {"error": {"message", "type", "param", "code"}}, so its SDK raises the matching error."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
 def response(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> Response:
     st = http.HTTPStatus(status)
-    headers = Headers([
-        ("Date", email.utils.formatdate(usegmt=True)),
-        ("Connection", "close"),
-        ("Content-Length", str(len(body))),
-        ("Content-Type", content_type),
-        ("X-Content-Type-Options", "nosniff"),
-        ("Cache-Control", "no-store"),
-    ])
+    headers = Headers({**common_headers(content_type), "Content-Length": str(len(body))}.items())
     for k, v in (extra or {}).items():
         headers[k] = v
     return Response(st.value, st.phrase, headers, body)
@@ -55,7 +60,7 @@ def json_response(status: int, obj: Any, extra: dict[str, str] | None = None) ->
 
 
 def error_response(status: int, code: str, message: str, extra: dict[str, str] | None = None) -> Response:
-    return json_response(status, {"error": {"code": code, "message": message}}, extra)
+    return json_response(status, error_body(status, code, message), extra)
 
 
 def content_type_for(path: Path) -> str:

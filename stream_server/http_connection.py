@@ -15,7 +15,6 @@ off a long transcription.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import http
 import json
 import logging
@@ -24,6 +23,7 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 
+from .http import common_headers, error_body
 from .http_requests import HttpError, HttpRequest, HttpRequestReader
 
 logger = logging.getLogger(__name__)
@@ -54,8 +54,7 @@ class HttpReply:
         if self.started:
             raise RuntimeError("the response has already started")
         self.started, self.status, self.content_type = True, status, content_type
-        headers = {"Date": email.utils.formatdate(usegmt=True), "Connection": "close", "Content-Type": content_type,
-                   "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store", **self._headers, **(extra or {})}
+        headers = {**common_headers(content_type), **self._headers, **(extra or {})}
         if status == 204:  # no content: no body headers (RFC 9110)
             headers.pop("Content-Type")
             length = None
@@ -77,12 +76,6 @@ class HttpReply:
     def send_json(self, status: int, obj: Any, extra: dict[str, str] | None = None) -> None:
         self.send(status, json.dumps(obj).encode(), "application/json", extra)
 
-    def send_error(self, status: int, code: str, message: str, extra: dict[str, str] | None = None,
-                   param: str | None = None) -> None:
-        """OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        self.send_json(status, {"error": {"message": message, "type": kind, "param": param, "code": code}}, extra)
-
     def fail(self, status: int, code: str, message: str, param: str | None = None) -> None:
         """Report an error however far the response got: the error response if nothing was sent yet; an error
         event (which the OpenAI SDK raises as an APIError) in a started event stream; nothing otherwise (the
@@ -92,11 +85,9 @@ class HttpReply:
         if not self.started:
             # capacity and shutdown refusals are worth retrying soon (the OpenAI SDK waits as told, then retries)
             extra = {"Retry-After": "1"} if status in (429, 503) else None
-            self.send_error(status, code, message, extra, param=param)
+            self.send_json(status, error_body(status, code, message, param), extra)
         elif self.content_type.startswith(EVENT_STREAM):
-            kind = "invalid_request_error" if status < 500 else "server_error"
-            self.write(b"data: " + json.dumps({"error": {"message": message, "type": kind, "param": param,
-                                                         "code": code}}).encode() + b"\n\n")
+            self.write(b"data: " + json.dumps(error_body(status, code, message, param)).encode() + b"\n\n")
 
     def _write(self, data: bytes) -> None:
         if not self._transport.is_closing():

@@ -71,7 +71,7 @@ REJECT_CODES = {"server_full", "server_busy", "server_shutting_down", "too_many_
 # Audio
 # ---------------------------------------------------------------------------------------------
 def load_pcm16(path: str | Path) -> np.ndarray:
-    """A WAV/FLAC/Ogg file as 16 kHz mono int16 (resampled and mixed down if needed)."""
+    """A WAV/FLAC/Ogg/MP3 file as 16 kHz mono int16 (resampled and mixed down if needed)."""
     from realtime.audio import load_audio_file
 
     audio = load_audio_file(path, RATE)
@@ -768,7 +768,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ca-file", default=None,
                     help="wss:// to a server with a self-signed or private certificate: trust this PEM file")
     ap.add_argument("--model", default=None, help="model name (default: the first of /v1/models)")
-    ap.add_argument("--files", nargs="+", default=[str(DEFAULT_FILE)], help="WAV/FLAC/Ogg files, used in turn")
+    ap.add_argument("--files", nargs="+", default=[str(DEFAULT_FILE)], help="WAV/FLAC/Ogg/MP3 files, used in turn")
     ap.add_argument("--duration", type=float, default=None,
                     help="seconds of audio per stream (files repeated or cut; default: one file)")
     group = ap.add_mutually_exclusive_group()

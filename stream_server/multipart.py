@@ -34,8 +34,8 @@ def _params(value: str) -> tuple[str, dict[str, str]]:
     params = msg.get_params(header="x") or []
     if not params:
         return "", {}
-    return params[0][0].lower(), {k.lower(): collapse_rfc2231_value(msg.get_param(k, header="x"))  # type: ignore[arg-type]
-                                  for k, _ in params[1:]}
+    values = {k.lower(): msg.get_param(k, header="x") for k, _ in params[1:]}
+    return params[0][0].lower(), {k: collapse_rfc2231_value(v) for k, v in values.items()}  # type: ignore[arg-type]
 
 
 def boundary_of(content_type: str | None) -> bytes:

@@ -13,7 +13,6 @@ finished and their transcripts sent before it is closed (`Connection.shut_down`)
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -31,16 +30,16 @@ from realtime.config import ConfigError
 from realtime.serving import AdmissionError, TranscriptionEngine
 
 from . import auth
+from .client_secrets import ClientSecrets, EphemeralGrant, is_ephemeral
 from .connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN_LATER, Connection, ServerContext, wants_openai
 from .engine_stream import EngineStream
-from .events import ProtocolError, dumps, new_id
+from .events import ProtocolError, dumps
 from .http import HttpRoutes, error_response
 from .http_connection import HttpAwareConnection, HttpReply, connection_factory
-from .client_secrets import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, ClientSecrets, EphemeralGrant, is_ephemeral
 from .http_requests import HttpError, HttpRequest
 from .transcriptions import TRANSCRIPTIONS_PATH, OnEnd, OnToken, protocol_error_status, serve_transcription
 from .metrics import Metrics
-from .openai_dialect import OpenAIDialect, TranscriptionConfig, parse_session
+from .openai_dialect import OpenAIDialect
 from .vllm_dialect import VllmDialect
 from .settings import REALTIME_PATH, ServerSettings
 
@@ -166,11 +165,15 @@ class StreamServer:
         plain = [p for p in offered if not p.startswith(auth.KEY_SUBPROTOCOL_PREFIX)]
         return plain[0] if plain else offered[0]
 
+    @staticmethod
+    def _offered_key(request: Request) -> str | None:
+        """The key a handshake or GET request carries: header, query or subprotocol (`auth.extract_api_key`)."""
+        protos = auth.offered_subprotocols(request.headers.get_all("Sec-WebSocket-Protocol"))
+        return auth.extract_api_key(request.headers.get("Authorization"), request.path, protos)
+
     def _key_index(self, request: Request) -> int | None:
         """Which configured API key the request carries (None: none of them)."""
-        protos = auth.offered_subprotocols(request.headers.get_all("Sec-WebSocket-Protocol"))
-        key = auth.extract_api_key(request.headers.get("Authorization"), request.path, protos)
-        return auth.key_index(key, self.settings.api_keys)
+        return auth.key_index(self._offered_key(request), self.settings.api_keys)
 
     def _authorized(self, request: Request) -> bool:
         """An API key (or auth off): the HTTP routes. Client secrets open realtime sessions only."""
@@ -178,8 +181,7 @@ class StreamServer:
 
     def _grant(self, request: Request) -> EphemeralGrant | None:
         """The valid client secret the handshake carries, if any (`client_secrets.py`)."""
-        protos = auth.offered_subprotocols(request.headers.get_all("Sec-WebSocket-Protocol"))
-        key = auth.extract_api_key(request.headers.get("Authorization"), request.path, protos)
+        key = self._offered_key(request)
         return self.client_secrets.verify(key, time.time()) if is_ephemeral(key) else None
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
@@ -324,8 +326,11 @@ class StreamServer:
 
     async def _handle_http(self, request: HttpRequest, reply: HttpReply, conn: HttpAwareConnection) -> None:
         if urlsplit(request.target).path == CLIENT_SECRETS_PATH:
+            key_index = self._http_key_index(request) if self.settings.auth_enabled else None
             try:
-                reply.send_json(200, self._client_secret(request))
+                reply.send_json(200, self.client_secrets.create(
+                    request.body, key_index=key_index, served=self.settings.served_model_names,
+                    default_delay_ms=self.engine.config.streaming.default_delay_ms))
             except ProtocolError as err:
                 reply.fail(400, err.code, err.message, err.param)
             return
@@ -378,38 +383,6 @@ class StreamServer:
             self.metrics.http_requests.inc(outcome)
             logger.info("POST %s (%s): %s after %.2f s, %.1f s of audio", TRANSCRIPTIONS_PATH, client, outcome,
                         time.monotonic() - t0, seconds)
-
-    def _client_secret(self, request: HttpRequest) -> dict[str, Any]:
-        """POST /v1/realtime/client_secrets: {"expires_after": {"anchor", "seconds"}, "session": {...}} -> the secret,
-        its expiry and the session it starts (OpenAI's shapes). ProtocolError for a bad request."""
-        try:
-            body = json.loads(request.body or b"{}")
-        except ValueError:
-            raise ProtocolError("invalid_json", "the body must be a JSON object") from None
-        if not isinstance(body, dict):
-            raise ProtocolError("invalid_json", "the body must be a JSON object")
-        for name in body:
-            if name not in ("expires_after", "session"):
-                raise ProtocolError("unknown_parameter", f"unknown parameter {name!r}", param=name)
-        after = body.get("expires_after") or {}
-        seconds = after.get("seconds", DEFAULT_TTL_S) if isinstance(after, dict) else None
-        if (not isinstance(after, dict) or after.get("anchor", "created_at") != "created_at"
-                or isinstance(seconds, bool) or not isinstance(seconds, int) or not MIN_TTL_S <= seconds <= MAX_TTL_S):
-            raise ProtocolError("invalid_value", f"expires_after must be {{\"anchor\": \"created_at\", \"seconds\": "
-                                f"{MIN_TTL_S}..{MAX_TTL_S}}}", param="expires_after")
-        names = self.settings.served_model_names
-        cfg = TranscriptionConfig(model=names[0])
-        session = body.get("session")
-        if session is not None:
-            cfg = parse_session(cfg, session, names)  # checked now, so that the app learns of a mistake here
-        expires_at = int(time.time()) + seconds
-        key_index = self._http_key_index(request) if self.settings.auth_enabled else None
-        try:
-            value = self.client_secrets.issue(key_index, session, expires_at)
-        except ValueError as exc:
-            raise ProtocolError("invalid_value", str(exc), param="session") from None
-        started = OpenAIDialect.session_object(new_id("sess_"), cfg, self.engine.config.streaming.default_delay_ms)
-        return {"value": value, "expires_at": expires_at, "session": {**started, "expires_at": expires_at}}
 
     def _client_of(self, ws: ServerConnection) -> str:
         """Who opened `ws`: "key #N" (the N-th configured key, from 1) with keys, else the peer's address."""

@@ -25,6 +25,7 @@ class ServerSettings:
     # A message above this gets an error event (the session goes on); the transport drops the
     # connection only above `transport_max_factor` times it (so a runaway client costs bounded memory).
     max_message_bytes: int = 1 << 20
+    transport_max_factor: int = 4
     # POST /v1/audio/transcriptions: the largest request body (the file and the form around it)
     max_upload_bytes: int = 25 << 20
     # ... and the most audio it may hold: compressed silence packs days into a few MB, and the decoded audio (16 kHz
@@ -33,7 +34,6 @@ class ServerSettings:
     # uploads transcribed at once (each also counts as a session); more get 503 `server_busy`, so that files cannot
     # take every session slot, nor the memory of max_sessions decoded files, from live callers
     max_uploads: int = 8
-    transport_max_factor: int = 4
     idle_timeout_s: float = 30.0  # no client message and nothing in flight for this long -> idle_timeout
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0

@@ -93,7 +93,8 @@ def parse_request(parts: list[FormPart], served: tuple[str, ...]) -> Transcripti
         return fields[name][0].text().strip() if name in fields else None
 
     if "file" not in fields or fields["file"][0].filename is None and not fields["file"][0].data:
-        raise _bad("file is required: the audio to transcribe (multipart field 'file')", "file", "missing_required_parameter")
+        raise _bad("file is required: the audio to transcribe (multipart field 'file')", "file",
+                   "missing_required_parameter")
     model = text("model") or served[0]
     if model not in served:
         raise ProtocolError("model_not_found", f"The model `{model}` does not exist (served: {', '.join(served)})",

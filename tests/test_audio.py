@@ -213,7 +213,8 @@ def test_decoding_stops_at_the_audio_limit(monkeypatch):
     monkeypatch.setattr(sf, "info", lying_info)
     pushed = []
     real_push = audio_mod.StreamingResampler.push
-    monkeypatch.setattr(audio_mod.StreamingResampler, "push", lambda self, x: pushed.append(x.size) or real_push(self, x))
+    monkeypatch.setattr(audio_mod.StreamingResampler, "push",
+                        lambda self, x: pushed.append(x.size) or real_push(self, x))
     with pytest.raises(audio_mod.AudioTooLong):
         decode_audio_bytes(data, max_seconds=20)
     assert 20 * 48000 < sum(pushed) <= 20 * 48000 + 2 * audio_mod.DECODE_BLOCK_FRAMES  # stopped near the limit

@@ -335,3 +335,21 @@ async def test_client_secrets_open_sessions_with_their_configuration(start_serve
         with pytest.raises(openai.BadRequestError) as bad_info:
             client.realtime.client_secrets.create(**kw)
         assert bad_info.value.body["param"] == param, bad_info.value.body
+
+
+
+async def test_client_secret_whose_session_no_longer_applies(start_server):
+    """A secret made while the server served another model name still opens a session after a restart without it
+    (same keys): the session starts with the defaults and an error event says why, instead of failing silently."""
+    old = start_server(api_keys=("sk-a",), served_model_names=(MODEL, "retired"))
+    made = openai.OpenAI(base_url=f"{old.http_url}/v1", api_key="sk-a", max_retries=0).realtime.client_secrets.create(
+        session={"type": "transcription", "audio": {"input": {"transcription": {"model": "retired"}}}})
+    new = start_server(api_keys=("sk-a",))
+    async with connect(new.ws_url, subprotocols=[f"openai-insecure-api-key.{made.value}"]) as ws:
+        created = await recv_json(ws)
+        assert created["type"] == "session.created"
+        assert created["session"]["audio"]["input"]["transcription"]["model"] == MODEL
+        err = await recv_json(ws)
+        assert err["type"] == "error" and err["error"]["code"] == "model_not_found"
+        await send_json(ws, session(turn_detection=None))  # the session goes on and takes a new configuration
+        assert (await recv_json(ws))["type"] == "session.updated"

@@ -262,6 +262,8 @@ def test_raw_refusals(start_server):
         return status, json.loads(out)["error"]["code"]
 
     assert code_of(post_head(port, "application/json", 2), b"{}") == (415, "unsupported_media_type")
+    no_file_type, no_file = multipart([("model", MODEL, None)])
+    assert code_of(post_head(port, no_file_type, len(no_file)), no_file) == (400, "missing_required_parameter")
     assert code_of(post_head(port, ctype, len(body), path="/v1/audio/translations"), body) == (404, "not_found")
     assert code_of(post_head(port, ctype, len(body), path="/health"), body) == (405, "method_not_allowed")
     assert code_of(post_head(port, ctype, len(body), path="/v1/realtime"), body) == (405, "method_not_allowed")
