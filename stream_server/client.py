@@ -269,7 +269,8 @@ async def transcribe_live(opts: ClientOptions, chunks: AsyncIterator[bytes], out
 
 def upload_main(args: argparse.Namespace, api_key: str | None, out: TextIO, err: TextIO) -> int:
     """`--upload`: the file to POST /v1/audio/transcriptions (stream=true); deltas to `out` as they come."""
-    if args.source == "-" or args.turns or args.pace != 1.0 or args.chunk_ms != 80:
+    defaults = ClientOptions()
+    if args.source == "-" or args.turns or args.pace != defaults.pace or args.chunk_ms != defaults.chunk_ms:
         print("streamscribe: --upload sends a file as it is: not with -, --turns, --pace or --chunk-ms", file=err)
         return 2
     path = Path(args.source)
@@ -308,8 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model name (default: the first the server lists)")
     p.add_argument("--api-key", default=None, help=f"API key (default: ${API_KEY_ENV})")
     p.add_argument("--delay-ms", type=int, default=None, help="transcription delay (default: the server's)")
-    p.add_argument("--pace", type=float, default=1.0, help="files: send at this multiple of real time (0: unpaced)")
-    p.add_argument("--chunk-ms", type=int, default=80, help="audio per message")
+    p.add_argument("--pace", type=float, default=ClientOptions.pace, help="files: send at this multiple of real time (0: unpaced)")
+    p.add_argument("--chunk-ms", type=int, default=ClientOptions.chunk_ms, help="audio per message")
     p.add_argument("--ca-file", default=None, help="wss:// to a self-signed server: trust this PEM certificate")
     p.add_argument("--json", action="store_true", help="print every server event as a JSON line")
     p.add_argument("--srt", type=Path, default=None, help="also write SubRip subtitles (from the word timings)")
