@@ -215,11 +215,34 @@ class RunsLayout:
 
 
 @dataclass
+class RingsLayout:
+    """The index work of reading rings in place (`paged_attention_runs` with `rings_finite`): every run's
+    stream owns a whole ring of blocks that lies contiguously in the cache, ring-aligned (ring i = blocks
+    i*width .. i*width + width - 1), so SDPA reads the keys through a view of rings first .. first + count - 1
+    instead of gathering them. Slot j of a ring holds the newest written position congruent to j modulo the
+    ring's positions, which the mask derives per run from its newest position."""
+
+    t: int  # query rows
+    r: int  # rows per run
+    n_runs: int
+    pad: int  # padding rows added to fill the last run
+    first: int  # the view's first ring
+    count: int  # rings in the view (some may belong to no run of this step: all masked, outputs dropped)
+    length: int  # slots read from each ring: all of it, or while no stream has wrapped, the written prefix
+    runs: torch.Tensor | None  # [n_active] runs that read keys (None: every run, run i is view entry i)
+    entries: torch.Tensor | None  # [n_active] their view entries (ring - first)
+    allowed: torch.Tensor  # [count, 1, r, length] (query, slot) pairs a row attends to
+    is_query: torch.Tensor  # [T] non-padding rows
+
+
+@dataclass
 class RunsPlan:
-    """A step's `RunsLayout`, made by the first layer's CPU attention call and reused by the others
-    (`PagedAttention` holds one per step). The Triton path never fills it."""
+    """A step's `RunsLayout` (or `RingsLayout`), made by the first layer's CPU attention call and reused by the
+    others (`PagedAttention` holds one per step). The Triton path never fills it."""
 
     layout: RunsLayout | None = None
+    rings: RingsLayout | None = None
+    rings_checked: bool = False  # whether the step's runs were checked for reading rings in place
 
 
 def _runs_layout(block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None,
@@ -263,6 +286,93 @@ def _runs_layout(block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch
                       allowed=allowed[:, None], is_query=is_query.reshape(-1)[:t], broken=broken)
 
 
+# a step reads rings in place only while its view holds at most this many rings per run that reads keys (plus a
+# few): rings of streams outside the step are computed and dropped, so a sparse view would cost more than a gather
+_RINGS_PER_RUN = 2
+
+
+def _rings_layout(block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None,
+                  block_size: int, tokens_per_run: int) -> RingsLayout | None:
+    """The in-place layout of a step's runs, or None where it does not apply: a run mixing sequences (the
+    gather path flags it), two runs of one sequence (a look-ahead chunk: several tokens of a stream), a table
+    row that is not one whole ring-aligned range of blocks, or a view much wider than the step's runs."""
+    t, r = q_pos.shape[0], tokens_per_run
+    n_runs = -(-t // r)
+    pad = n_runs * r - t
+    pos, seq = q_pos.long(), seq_ids.long()
+    if pad:
+        pos = torch.cat([pos, pos.new_full((pad,), -1)])
+        seq = torch.cat([seq, seq.new_zeros(pad)])
+    pos, seq = pos.view(n_runs, r), seq.view(n_runs, r)
+    is_query = pos >= 0
+    run_seq = torch.where(is_query, seq, -1).amax(dim=1)  # [n_runs]; -1: a run of padding only
+    if bool((is_query & (seq != run_seq[:, None])).any()):
+        return None
+    active = run_seq >= 0
+    runs = torch.nonzero(active).flatten()
+    seqs = run_seq[runs]
+    if runs.numel() == 0 or torch.unique(seqs).numel() != seqs.numel():
+        return None
+    width = block_tables.shape[1]
+    rows = block_tables[seqs].long()  # [n_active, width]
+    base = rows[:, 0]
+    if bool((base % width != 0).any()) or not torch.equal(rows, base[:, None] + torch.arange(width)):
+        return None
+    ring = base // width
+    first = int(ring.min())
+    count = int(ring.max()) - first + 1
+    if count > _RINGS_PER_RUN * runs.numel() + 2:
+        return None
+    ring_pos = width * block_size
+    newest = torch.where(is_query[runs], pos[runs], -1).amax(dim=1)  # [n_active]
+    top = int(newest.max())
+    # while no stream has wrapped, slots past the newest position hold nothing: read the written prefix
+    length = ring_pos if top >= ring_pos else min(ring_pos, -(-(top + 1) // block_size) * block_size)
+    slots = torch.arange(length)
+    held = newest[:, None] - ((newest[:, None] - slots[None, :]) % ring_pos)  # [n_active, length]
+    rel = pos[runs][:, :, None] - held[:, None, :]  # [n_active, r, length]
+    ok = (held >= 0)[:, None, :] & (rel >= 0) & is_query[runs][:, :, None]
+    if window:
+        ok &= rel < window
+    entries = ring - first
+    allowed = torch.zeros(count, 1, r, length, dtype=torch.bool)
+    allowed[entries, 0] = ok
+    whole = runs.numel() == n_runs == count and torch.equal(entries, torch.arange(count))
+    return RingsLayout(t=t, r=r, n_runs=n_runs, pad=pad, first=first, count=count, length=length,
+                       runs=None if whole else runs, entries=None if whole else entries, allowed=allowed,
+                       is_query=is_query.reshape(-1)[:t])
+
+
+def _rings_in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lay: RingsLayout, width: int,
+                    scale: float) -> torch.Tensor:
+    """Attention of the step's runs over their rings read through a view of the cache: [T, Hq, D] in the
+    compute dtype. Nothing is gathered; slots a row may not read are masked, never cleared, so they must hold
+    finite values (the caller's promise, `rings_finite`)."""
+    _, block_size, hkv, d = k_cache.shape
+    hq = q.shape[1]
+    group = hq // hkv
+    compute = torch.promote_types(q.dtype, torch.float32)
+    lo, hi = lay.first * width, (lay.first + lay.count) * width
+    keys = k_cache[lo:hi].view(lay.count, width * block_size, hkv, d)[:, : lay.length].to(compute)
+    vals = v_cache[lo:hi].view(lay.count, width * block_size, hkv, d)[:, : lay.length].to(compute)
+    qf = q.to(compute)
+    if lay.pad:
+        qf = torch.cat([qf, qf.new_zeros(lay.pad, hq, d)])
+    qh = qf.view(lay.n_runs, lay.r, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(lay.n_runs, hq, lay.r, d)
+    if lay.runs is not None:  # runs to their rings' entries; entries of no run (and padding runs) stay zero
+        placed = qh.new_zeros(lay.count, hq, lay.r, d)
+        placed[lay.entries] = qh[lay.runs]
+        qh = placed
+    o = F.scaled_dot_product_attention(qh, keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=lay.allowed,
+                                       scale=scale, enable_gqa=group > 1)
+    if lay.runs is not None:
+        back = o.new_zeros(lay.n_runs, hq, lay.r, d)
+        back[lay.runs] = o[lay.entries]
+        o = back
+    o = o.transpose(1, 2).reshape(lay.n_runs * lay.r, hq, d)[: lay.t]
+    return torch.where(lay.is_query[:, None, None], o, 0.0)  # padding rows: 0 (a fully masked row is NaN)
+
+
 def _cleared(x: torch.Tensor, lay: RunsLayout) -> torch.Tensor:
     """Zero the gathered slots outside each run's key range, in place; only the first block and the
     tail can hold such slots (`RunsLayout.head_end` / `tail_start`), so only those are visited."""
@@ -275,7 +385,7 @@ def _cleared(x: torch.Tensor, lay: RunsLayout) -> torch.Tensor:
 def paged_attention_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                          seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None, scale: float,
                          out: torch.Tensor | None = None, *, tokens_per_run: int = 1,
-                         plan: RunsPlan | None = None) -> torch.Tensor:
+                         plan: RunsPlan | None = None, rings_finite: bool = False) -> torch.Tensor:
     """`paged_attention` in torch, reading each key once per run of queries: the CPU implementation.
 
     The reference gathers a window of keys for every query token. Here the queries are taken in
@@ -290,10 +400,33 @@ def paged_attention_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
     plan: a step's `RunsPlan`, shared by the calls of every layer of one cache: the first call fills
     it with the index work (and the host sync for the largest position), the others reuse it.
+
+    rings_finite: the caller promises that every slot of every ring the step's tables name holds a finite
+    value (the engine's caches start zeroed and zero a ring when a stream is admitted to it). Then, where
+    each run is its own stream's only run and each stream's ring lies whole and ring-aligned in the cache
+    (the engine's layout: slot s owns blocks s*width ..), the rings are read in place through a view, with
+    the slots a row may not read masked instead of cleared: no gather, no copy (`RingsLayout`; about 2-10x
+    less time per call on the encoder's shapes, `benchmarks/bench_cpu_ring_attention.py`). The keys are summed
+    in ring order rather than in position order, so results agree with the gather path to rounding. Other
+    steps take the gather path. Without the promise a NaN in a masked slot would leak (0 * NaN).
     """
     _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
     if tokens_per_run < 1:
         raise ValueError(f"tokens_per_run must be >= 1, got {tokens_per_run}")
+    if rings_finite:
+        if plan is not None and plan.rings_checked:
+            rings = plan.rings
+        else:
+            rings = _rings_layout(block_tables, seq_ids, q_pos, window, k_cache.shape[1], tokens_per_run)
+            if plan is not None:
+                plan.rings, plan.rings_checked = rings, True
+        if rings is not None:
+            if rings.t != q.shape[0] or rings.r != tokens_per_run:
+                raise ValueError(f"the plan was made for {rings.t} rows in runs of {rings.r}, "
+                                 f"got {q.shape[0]} in runs of {tokens_per_run}")
+            result = torch.empty_like(q) if out is None else out
+            result.copy_(_rings_in_place(q, k_cache, v_cache, rings, block_tables.shape[1], scale).to(q.dtype))
+            return result
     lay = plan.layout if plan is not None else None
     if lay is not None:  # an earlier layer's: every row below is overwritten, so no zeroing and no host sync
         if lay.t != q.shape[0] or lay.r != tokens_per_run:
@@ -348,7 +481,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None, scale: float,
                     out: torch.Tensor | None = None, *, tokens_per_run: int = 1, num_splits: int | None = None,
                     backend: str = "auto", tree_root: torch.Tensor | None = None,
-                    tree_slots: torch.Tensor | None = None, plan: RunsPlan | None = None) -> torch.Tensor:
+                    tree_slots: torch.Tensor | None = None, plan: RunsPlan | None = None,
+                    rings_finite: bool = False) -> torch.Tensor:
     """Attention of T query tokens (several sequences, flattened) over their paged caches.
 
     q: [T, Hq, D] (RoPE applied); seq_ids: [T] row of `block_tables` per token; q_pos: [T] absolute
@@ -372,6 +506,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     with r < 0, read the ring as usual.
 
     plan: the CPU path's per-step index work, shared by every layer of one cache (`RunsPlan`).
+    rings_finite: the CPU path may read whole ring-aligned rings in place (`paged_attention_runs`); the Triton
+    path never reads a slot outside a row's range, so it ignores this.
     """
     _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
     if tokens_per_run < 1:
@@ -391,7 +527,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                              tree_root=tree_root, tree_slots=tree_slots)
     if not use_triton(backend, q.device):
         return paged_attention_runs(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, scale, out,
-                                    tokens_per_run=tokens_per_run, plan=plan)
+                                    tokens_per_run=tokens_per_run, plan=plan, rings_finite=rings_finite)
     from ._paged_attention_triton import launch_paged_attention
 
     if out is None:

@@ -395,6 +395,35 @@ def test_encoder_step_reads_keys_once_per_token(tiny_ckpt, monkeypatch):
     assert {r for c, r in seen if c == lm} == {1}
 
 
+def test_cpu_steps_read_rings_in_place(tiny_ckpt, monkeypatch):
+    """On the CPU the engine's steps read each stream's encoder and LM rings in place (no gather), and the tokens
+    are still the session's. A change that loses the layout (rings not slot-aligned, or the promise not passed)
+    leaves the results right but fails here."""
+    import importlib
+
+    from realtime.engine.offline import run_engine_offline
+
+    pa = importlib.import_module("kernels.paged_attention")
+    read: list[int] = []
+    in_place = pa._rings_in_place
+
+    def spy(q, k_cache, *args, **kwargs):
+        read.append(k_cache.data_ptr())
+        return in_place(q, k_cache, *args, **kwargs)
+
+    monkeypatch.setattr(pa, "_rings_in_place", spy)
+    path = tiny_ckpt(seed=2)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=3, max_batch=3, block_size=4))
+    clips = [synthetic_audio(1.0, seed=1), synthetic_audio(2.2, seed=2), synthetic_audio(1.6, seed=3)]
+    got = run_engine_offline(eng, clips)
+    assert [r.token_ids for r in got.results] == [transcribe(model, tok, c).token_ids for c in clips]
+    enc = {t.data_ptr() for t in eng.runner.enc_cache.k}
+    lm = {t.data_ptr() for t in eng.runner.lm_cache.k}
+    assert enc <= set(read) and lm <= set(read), "every layer of both caches was read in place"
+
+
 def test_collected_then_no_gc_guard():
     """The guard graph capture runs under (CPU part of the check below): garbage in reference cycles
     is collected on entry, the automatic GC stays off inside, and its previous state comes back."""

@@ -75,7 +75,8 @@ def gather_add_loop(case: dict) -> torch.Tensor:
 
 def make_paged_case(seed: int, *, hq: int, hkv: int, d: int, block_size: int, window: int | None,
                     last: list[int], q_lens: list[int], dtype: torch.dtype, device: str = "cpu",
-                    run_len: int | None = None, pad_rows: int = 2, spare_blocks: int = 3, q_scale: float = 1.0) -> dict:
+                    run_len: int | None = None, pad_rows: int = 2, spare_blocks: int = 3, q_scale: float = 1.0,
+                    ring_slots: list[int] | None = None, unread: str = "nan") -> dict:
     """A paged cache in the state the engine leaves it in just before attention (write-then-attend).
 
     Sequence s has its newest step's queries at positions last[s]-q_lens[s]+1 .. last[s]. Physical
@@ -83,6 +84,9 @@ def make_paged_case(seed: int, *, hq: int, hkv: int, d: int, block_size: int, wi
     every window, or stale in the ring) holds NaN, so reading one poisons the result. Tokens are in
     random order with `pad_rows` padding rows (garbage seq ids), or, with `run_len`, in runs of
     `run_len` rows per sequence padded with padding rows plus a few all-padding runs.
+    ring_slots: sequence s owns the whole ring-aligned blocks ring_slots[s]*width .. (the engine's layout)
+    instead of random ones. unread="garbage": the slots no query may read hold large finite values instead of
+    NaN (what `rings_finite` promises), so reading one still changes the result far beyond rounding.
     """
     g = torch.Generator().manual_seed(seed)
     s_count = len(last)
@@ -90,10 +94,19 @@ def make_paged_case(seed: int, *, hq: int, hkv: int, d: int, block_size: int, wi
         width = ring_table_width(window, block_size, max(q_lens))
     else:
         width = max(math.ceil((p + 1) / block_size) for p in last)
-    num_blocks = s_count * width + spare_blocks
-    tables = torch.randperm(num_blocks, generator=g)[: s_count * width].view(s_count, width).to(torch.int32)
-    k_cache = torch.full((num_blocks, block_size, hkv, d), float("nan"), dtype=dtype)
-    v_cache = torch.full_like(k_cache, float("nan"))
+    if ring_slots is None:
+        num_blocks = s_count * width + spare_blocks
+        tables = torch.randperm(num_blocks, generator=g)[: s_count * width].view(s_count, width).to(torch.int32)
+    else:
+        num_blocks = (max(ring_slots) + 1) * width + spare_blocks
+        tables = (torch.tensor(ring_slots)[:, None] * width + torch.arange(width)).to(torch.int32)
+    shape = (num_blocks, block_size, hkv, d)
+    if unread == "nan":
+        k_cache = torch.full(shape, float("nan"), dtype=dtype)
+        v_cache = torch.full_like(k_cache, float("nan"))
+    else:
+        k_cache = (torch.randn(shape, generator=g) * 300).to(dtype)
+        v_cache = (torch.randn(shape, generator=g) * 300).to(dtype)
     hist = []
     for s in range(s_count):
         ring_lo = max(0, (last[s] // block_size - width + 1) * block_size)  # oldest position still in the ring
@@ -426,6 +439,73 @@ def test_paged_attention_runs_propagates_nan_queries() -> None:
     assert out[bad].isnan().all()
     assert torch.isfinite(out[~bad]).all()
     torch.testing.assert_close(out[~bad], paged_attention_reference(*args)[~bad], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slots", ["in_order", "scattered"])
+@pytest.mark.parametrize("name", list(PAGED_CASES))
+def test_paged_attention_runs_reads_aligned_rings_in_place(name: str, slots: str, dtype: torch.dtype) -> None:
+    """rings_finite: whole ring-aligned rings (the engine's layout), one run per stream, are read in place through
+    a view, with the slots a row may not read masked, not cleared. Those slots hold large finite garbage here
+    (never written, older than every window, the blocks of rings no run reads), so one read shows far beyond
+    rounding. Streams in slot order, and in another order with rings between them that no run reads."""
+    spec = PAGED_CASES[name]
+    n = len(spec["last"])
+    ring_slots = list(range(n)) if slots == "in_order" else [3 * i + 2 for i in range(n)][::-1]
+    case = make_paged_case(list(PAGED_CASES).index(name) + 200, dtype=dtype, run_len=max(spec["q_lens"]),
+                           ring_slots=ring_slots, unread="garbage", **spec)
+    plan = RunsPlan()
+    out = torch.full_like(case["q"], float("nan"))
+    ret = paged_attention_runs(*attention_args(case), out=out, tokens_per_run=max(spec["q_lens"]), plan=plan,
+                               rings_finite=True)
+    assert ret is out and plan.rings is not None and plan.layout is None, "the in-place path was taken"
+    assert torch.isfinite(out).all()
+    assert_attention_close(out, dense_attention(case),
+                           rel={torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype])
+    assert (out[case["q_pos"] < 0] == 0).all()
+    # a second layer's cache through the same plan: that layer's own result
+    k2 = case["k_cache"] * 0.5
+    second = paged_attention_runs(case["q"], k2, case["v_cache"], *attention_args(case)[3:],
+                                  tokens_per_run=max(spec["q_lens"]), plan=plan, rings_finite=True)
+    fresh = paged_attention_runs(case["q"], k2, case["v_cache"], *attention_args(case)[3:],
+                                 tokens_per_run=max(spec["q_lens"]), rings_finite=True)
+    assert torch.equal(second, fresh)
+
+
+@pytest.mark.parametrize("why", ["random_blocks", "two_runs_of_a_stream", "sparse_view", "promise_not_given"])
+def test_paged_attention_runs_gathers_where_rings_cannot_be_read_in_place(why: str) -> None:
+    """Steps the in-place layout does not cover take the gather path (same bits), whatever rings_finite says:
+    tables that are not whole ring-aligned rings, a stream with two runs (a look-ahead chunk), a view that would
+    hold many rings no run reads; and without the promise the gather path is always taken (NaN in unread slots
+    then never leaks)."""
+    spec = dict(PAGED_CASES["encoder_like"])
+    run_len = 4
+    slots = {"random_blocks": None, "two_runs_of_a_stream": [0, 1, 2], "sparse_view": [0, 1, 30],
+             "promise_not_given": [0, 1, 2]}[why]
+    if why == "two_runs_of_a_stream":
+        spec["q_lens"] = [8, 4, 3]
+    case = make_paged_case(7, dtype=torch.float32, run_len=run_len, ring_slots=slots,
+                           unread="nan" if why == "promise_not_given" else "garbage", **spec)
+    plan = RunsPlan()
+    out = paged_attention_runs(*attention_args(case), tokens_per_run=run_len, plan=plan,
+                               rings_finite=why != "promise_not_given")
+    assert plan.rings is None and plan.layout is not None
+    assert torch.equal(out, paged_attention_runs(*attention_args(case), tokens_per_run=run_len))
+    assert torch.isfinite(out).all()
+    assert_attention_close(out, dense_attention(case), rel=1e-5)
+
+
+def test_paged_attention_runs_in_place_keeps_the_mixed_run_contract() -> None:
+    """A run that mixes sequences is never read in place: the gather path flags its foreign rows NaN."""
+    case = make_paged_case(3, dtype=torch.float32, ring_slots=[0, 1, 2], unread="garbage",
+                           **PAGED_CASES["encoder_like"])
+    plan = RunsPlan()
+    out = paged_attention_runs(*attention_args(case), tokens_per_run=len(case["q_pos"]), plan=plan,
+                               rings_finite=True)
+    assert plan.rings is None
+    is_query = case["q_pos"] >= 0
+    kept = is_query & (case["seq_ids"] == case["seq_ids"][is_query].max())
+    assert out[is_query & ~kept].isnan().all() and (is_query & ~kept).any()
 
 
 def test_paged_attention_reference_chunks_and_dispatch_agree() -> None:

@@ -162,7 +162,7 @@ def test_host_slot_lookup_equals_the_block_table_arithmetic():
     cache.release(2)
     with pytest.raises(KeyError):
         cache.host_slots(2, positions)
-    cache.admit(1)  # takes the released blocks: its table is its own
+    cache.admit(1)  # its own ring (slot 1's blocks), whatever was released before
     blocks = cache.tables_host[1].astype(np.int64)
     assert np.array_equal(cache.host_slots(1, positions[:8]),
                           blocks[(positions[:8] // 4) % cache.width] * 4 + positions[:8] % 4)

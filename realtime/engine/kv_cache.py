@@ -1,7 +1,8 @@
 """Paged key/value caches with per-stream ring block tables, and the admission arithmetic.
 
 Layout (per layer): `k`, `v` [num_blocks, block_size, kv_heads, head_dim]. A stream owns a ring of
-`width` physical blocks; logical block b (= position // block_size) lives in ring slot b % width.
+`width` physical blocks, those of its slot (slot s: blocks s*width .. s*width + width - 1, so each ring lies
+whole in the pages); logical block b (= position // block_size) lives in ring slot b % width.
 The ring is sized so every position still inside the sliding window (plus the queries of one
 step) has its own slot: when the window slides past a block, that block is recycled in place for
 the newest positions. Memory per stream is therefore fixed by the window: a 3-hour stream costs
@@ -49,25 +50,40 @@ class CacheSpec:
 
 
 class BlockPool:
-    """Free list of physical block ids."""
+    """Which physical blocks are free. Rings take their slot's own blocks (`take_exact`); anything else (a draft
+    tree's scratch) takes the highest free ids (`take`), which lie past every ring."""
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
-        self._free = list(range(num_blocks - 1, -1, -1))
+        self._is_free = np.ones(num_blocks, dtype=bool)
+        self._free = num_blocks
 
     @property
     def free(self) -> int:
-        return len(self._free)
+        return self._free
 
     def take(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise MemoryError(f"{n} blocks requested, {len(self._free)} free")
-        out = self._free[-n:]
-        del self._free[-n:]
-        return out
+        if n > self._free:
+            raise MemoryError(f"{n} blocks requested, {self._free} free")
+        out = np.flatnonzero(self._is_free)[self._free - n:] if n else np.zeros(0, dtype=np.int64)
+        self._is_free[out] = False
+        self._free -= n
+        return out.tolist()
+
+    def take_exact(self, first: int, n: int) -> list[int]:
+        """Blocks first .. first + n - 1, all of which must be free."""
+        if first < 0 or first + n > self.num_blocks or not self._is_free[first:first + n].all():
+            raise MemoryError(f"blocks {first}..{first + n - 1} are not all free")
+        self._is_free[first:first + n] = False
+        self._free -= n
+        return list(range(first, first + n))
 
     def give_back(self, blocks: list[int]) -> None:
-        self._free.extend(blocks)
+        ids = np.asarray(blocks, dtype=np.int64)
+        if self._is_free[ids].any() or np.unique(ids).size != ids.size:
+            raise ValueError("a block given back twice")
+        self._is_free[ids] = True
+        self._free += ids.size
 
 
 class PagedKVCache:
@@ -93,11 +109,24 @@ class PagedKVCache:
         self._slots_host = np.full((max_streams, self.ring_positions), -1, dtype=np.int64)
         self._owned: dict[int, list[int]] = {}
 
+    @property
+    def rings_finite(self) -> bool:
+        """Whether a ring's slots hold only zeros or what its own stream wrote (`kernels.paged_attention`'s
+        `rings_finite`: finite, since audio with NaN or inf is refused at the door): the pages start zeroed, and
+        on the CPU a ring is zeroed again when a stream is admitted to it, so no slot holds what an earlier
+        stream left. (On CUDA admission skips the memset: the Triton kernel reads no slot outside a row's range.)"""
+        return self.k[0].device.type == "cpu"
+
     def can_admit(self) -> bool:
         return self.pool.free >= self.width
 
     def admit(self, slot: int) -> None:
-        blocks = self.pool.take(self.width)
+        # slot s owns blocks s*width .. s*width + width - 1: each ring lies whole and in slot order in the pages,
+        # which lets the CPU attention read rings in place (`rings_finite`)
+        blocks = self.pool.take_exact(slot * self.width, self.width)
+        if self.rings_finite:
+            for pages in (*self.k, *self.v):
+                pages[blocks[0]:blocks[-1] + 1].zero_()
         self._owned[slot] = blocks
         self.tables_host[slot] = blocks
         self.tables[slot] = torch.from_numpy(self.tables_host[slot]).to(self.tables.device)
