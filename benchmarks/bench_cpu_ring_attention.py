@@ -1,14 +1,16 @@
-"""What the CPU paged attention could save by reading each stream's ring in place instead of gathering it.
+"""The CPU paged attention's two paths on the encoder's shapes: gathering each stream's blocks, or reading its ring
+in place (what the engine does since the thirty-eighth session).
 
 The encoder's attention step of the default model (6 heads of 64, a window of 375 frames, 16-frame blocks, one run
-of 4 query frames per stream) for S streams, timed two ways on random data:
-  - `gather`: `kernels.paged_attention_runs` as the engine calls it (rings scattered over the pool, blocks gathered
-    with `index_select`, slots outside a run's range cleared, then SDPA);
-  - `in_place`: the floor of the alternative. Each stream's ring is a contiguous slice of the pool (slots 0..S-1),
-    so SDPA reads the pool through a view with a boolean mask of the slots in each query's window. Nothing is
-    copied, and the mask is built once per step, not per layer.
-Both give the same outputs (checked). A real in-place path also needs rings zeroed at admission, since masked slots
-still enter SDPA's products and NaN there would leak; that cost is not in this floor.
+of 4 query frames per stream) for S streams, timed on random data:
+  - `gather`: `kernels.paged_attention_runs` without `rings_finite` (blocks gathered with `index_select`, slots
+    outside a run's range cleared, then SDPA), on rings scattered over the pool;
+  - `in_place`: `paged_attention_runs(rings_finite=True)` on the engine's layout (slot s owns blocks s*width ..):
+    SDPA reads the pool through a view with a boolean mask of the slots in each query's window, made once per step;
+  - `floor`: SDPA alone on that view with the mask already made (what the in-place path adds to it is its output
+    handling).
+A layer after the step's first reuses the step's index work (`RunsPlan`), as in the engine; `*_first_layer` times
+a call that makes it. Outputs are checked equal.
 
     python benchmarks/bench_cpu_ring_attention.py --streams 1 4 16 --threads 1
 """
@@ -97,24 +99,31 @@ def main() -> None:
     rows = []
     for s in args.streams:
         k, v, tables, q, q_pos, seq, width = setup(s, args.heads, args.head_dim, args.window, args.block, args.run)
-        # a layer after the step's first reuses the first layer's index work (RunsPlan), as in the engine
-        plan = RunsPlan()
-        paged_attention_runs(q, k, v, tables, seq, q_pos, args.window, scale, tokens_per_run=args.run, plan=plan)
-        gather = lambda: paged_attention_runs(q, k, v, tables, seq, q_pos, args.window, scale,  # noqa: E731
-                                              tokens_per_run=args.run, plan=plan)
-        first = lambda: paged_attention_runs(q, k, v, tables, seq, q_pos, args.window, scale,  # noqa: E731
-                                             tokens_per_run=args.run, plan=RunsPlan())
         kc, vc = to_contiguous(k, tables), to_contiguous(v, tables)
+        aligned = (torch.arange(s)[:, None] * width + torch.arange(width)).to(torch.int32)
+
+        def call(keys, values, table, plan, finite):
+            return paged_attention_runs(q, keys, values, table, seq, q_pos, args.window, scale,
+                                        tokens_per_run=args.run, plan=plan, rings_finite=finite)
+
+        plan_g, plan_p = RunsPlan(), RunsPlan()
+        call(k, v, tables, plan_g, False)
+        call(kc, vc, aligned, plan_p, True)
+        assert plan_p.rings is not None and plan_g.rings is None
         mask = in_place_mask(q_pos, s, args.run, width, args.block, args.window)
-        place = lambda: in_place(q, kc, vc, mask, s, args.run, scale)  # noqa: E731
-        torch.testing.assert_close(place(), gather(), rtol=1e-4, atol=1e-5)
-        t_gather, t_first, t_place = (timed(f, args.repeats) for f in (gather, first, place))
-        t_mask = timed(lambda: in_place_mask(q_pos, s, args.run, width, args.block, args.window), args.repeats)
-        rows.append({"streams": s, "gather_us": round(t_gather * 1e6, 1),
-                     "gather_first_layer_us": round(t_first * 1e6, 1),
-                     "in_place_us": round(t_place * 1e6, 1), "in_place_mask_once_per_step_us": round(t_mask * 1e6, 1),
-                     "ratio": round(t_gather / t_place, 2)})
-        print(json.dumps(rows[-1]))
+        variants = {
+            "gather": lambda: call(k, v, tables, plan_g, False),
+            "gather_first_layer": lambda: call(k, v, tables, RunsPlan(), False),
+            "in_place": lambda: call(kc, vc, aligned, plan_p, True),
+            "in_place_first_layer": lambda: call(kc, vc, aligned, RunsPlan(), True),
+            "floor": lambda: in_place(q, kc, vc, mask, s, args.run, scale),
+        }
+        torch.testing.assert_close(variants["in_place"](), variants["gather"](), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(variants["floor"](), variants["gather"](), rtol=1e-4, atol=1e-5)
+        row = {"streams": s, **{f"{name}_us": round(timed(fn, args.repeats) * 1e6, 1) for name, fn in variants.items()}}
+        row["ratio"] = round(row["gather_us"] / row["in_place_us"], 2)
+        rows.append(row)
+        print(json.dumps(row))
 
 
 if __name__ == "__main__":

@@ -216,22 +216,26 @@ class RunsLayout:
 
 @dataclass
 class RingsLayout:
-    """The index work of reading rings in place (`paged_attention_runs` with `rings_finite`): every run's
-    stream owns a whole ring of blocks that lies contiguously in the cache, ring-aligned (ring i = blocks
+    """The index work of reading rings in place (`paged_attention_runs` with `rings_finite`): every stream of
+    the step owns a whole ring of blocks that lies contiguously in the cache, ring-aligned (ring i = blocks
     i*width .. i*width + width - 1), so SDPA reads the keys through a view of rings first .. first + count - 1
-    instead of gathering them. Slot j of a ring holds the newest written position congruent to j modulo the
-    ring's positions, which the mask derives per run from its newest position."""
+    instead of gathering them. Each view entry takes all of its stream's query rows (one run, or the several
+    runs of a look-ahead chunk). Slot j of a ring holds the newest written position congruent to j modulo the
+    ring's positions, which the mask derives per stream from its newest position."""
 
     t: int  # query rows
     r: int  # rows per run
-    n_runs: int
-    pad: int  # padding rows added to fill the last run
     first: int  # the view's first ring
-    count: int  # rings in the view (some may belong to no run of this step: all masked, outputs dropped)
+    count: int  # rings in the view (some may belong to no stream of this step: all masked, outputs dropped)
     length: int  # slots read from each ring: all of it, or while no stream has wrapped, the written prefix
-    runs: torch.Tensor | None  # [n_active] runs that read keys (None: every run, run i is view entry i)
-    entries: torch.Tensor | None  # [n_active] their view entries (ring - first)
-    allowed: torch.Tensor  # [count, 1, r, length] (query, slot) pairs a row attends to
+    rows: int  # query rows per view entry
+    # True: the step's runs are the view's entries in order (run i = entry i; rows as they come, by a view);
+    # False: `entry`/`rank` place each query row `qrows` (scattered in, gathered out)
+    direct: bool
+    qrows: torch.Tensor  # [n] the step's query rows
+    entry: torch.Tensor  # [n] each one's view entry
+    rank: torch.Tensor  # [n] its place among its entry's rows
+    allowed: torch.Tensor  # [count, 1, rows, length] (query, slot) pairs a row attends to
     is_query: torch.Tensor  # [T] non-padding rows
 
 
@@ -286,16 +290,16 @@ def _runs_layout(block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch
                       allowed=allowed[:, None], is_query=is_query.reshape(-1)[:t], broken=broken)
 
 
-# a step reads rings in place only while its view holds at most this many rings per run that reads keys (plus a
+# a step reads rings in place only while its view holds at most this many rings per stream of the step (plus a
 # few): rings of streams outside the step are computed and dropped, so a sparse view would cost more than a gather
-_RINGS_PER_RUN = 2
+_RINGS_PER_STREAM = 2
 
 
 def _rings_layout(block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None,
                   block_size: int, tokens_per_run: int) -> RingsLayout | None:
-    """The in-place layout of a step's runs, or None where it does not apply: a run mixing sequences (the
-    gather path flags it), two runs of one sequence (a look-ahead chunk: several tokens of a stream), a table
-    row that is not one whole ring-aligned range of blocks, or a view much wider than the step's runs."""
+    """The in-place layout of a step's rows, or None where it does not apply: no query row, a run mixing
+    sequences (the gather path flags it), a table row that is not one whole ring-aligned range of blocks, or a
+    view much wider than the step's streams."""
     t, r = q_pos.shape[0], tokens_per_run
     n_runs = -(-t // r)
     pad = n_runs * r - t
@@ -303,74 +307,84 @@ def _rings_layout(block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torc
     if pad:
         pos = torch.cat([pos, pos.new_full((pad,), -1)])
         seq = torch.cat([seq, seq.new_zeros(pad)])
-    pos, seq = pos.view(n_runs, r), seq.view(n_runs, r)
-    is_query = pos >= 0
-    run_seq = torch.where(is_query, seq, -1).amax(dim=1)  # [n_runs]; -1: a run of padding only
-    if bool((is_query & (seq != run_seq[:, None])).any()):
+    run_pos, run_seq = pos.view(n_runs, r), seq.view(n_runs, r)
+    run_query = run_pos >= 0
+    owner = torch.where(run_query, run_seq, -1).amax(dim=1)
+    if bool((run_query & (run_seq != owner[:, None])).any()):
         return None
-    active = run_seq >= 0
-    runs = torch.nonzero(active).flatten()
-    seqs = run_seq[runs]
-    if runs.numel() == 0 or torch.unique(seqs).numel() != seqs.numel():
+    is_query = pos[:t] >= 0
+    qrows = torch.nonzero(is_query).flatten()
+    if qrows.numel() == 0:
         return None
+    qseq, qpos = seq[qrows], pos[qrows]
+    seqs, inverse = torch.unique(qseq, return_inverse=True)
     width = block_tables.shape[1]
-    rows = block_tables[seqs].long()  # [n_active, width]
+    rows = block_tables[seqs].long()  # [streams, width]
     base = rows[:, 0]
     if bool((base % width != 0).any()) or not torch.equal(rows, base[:, None] + torch.arange(width)):
         return None
     ring = base // width
     first = int(ring.min())
     count = int(ring.max()) - first + 1
-    if count > _RINGS_PER_RUN * runs.numel() + 2:
+    if count > _RINGS_PER_STREAM * seqs.numel() + 2:
         return None
+    entry = ring[inverse] - first  # [n]
+    direct = count == n_runs and torch.equal(entry, qrows // r)
+    if direct:
+        rank, per_entry = qrows % r, r
+    else:  # a row's place among its stream's rows, in row order
+        counts = torch.bincount(inverse, minlength=seqs.numel())
+        order = torch.sort(inverse, stable=True).indices
+        rank = torch.empty_like(inverse)
+        rank[order] = torch.arange(qrows.numel()) - (torch.cumsum(counts, 0) - counts)[inverse[order]]
+        per_entry = int(counts.max())
     ring_pos = width * block_size
-    newest = torch.where(is_query[runs], pos[runs], -1).amax(dim=1)  # [n_active]
+    newest = torch.full((seqs.numel(),), -1, dtype=torch.long).scatter_reduce(0, inverse, qpos, "amax")
     top = int(newest.max())
     # while no stream has wrapped, slots past the newest position hold nothing: read the written prefix
     length = ring_pos if top >= ring_pos else min(ring_pos, -(-(top + 1) // block_size) * block_size)
     slots = torch.arange(length)
-    held = newest[:, None] - ((newest[:, None] - slots[None, :]) % ring_pos)  # [n_active, length]
-    rel = pos[runs][:, :, None] - held[:, None, :]  # [n_active, r, length]
-    ok = (held >= 0)[:, None, :] & (rel >= 0) & is_query[runs][:, :, None]
+    held = newest[:, None] - ((newest[:, None] - slots[None, :]) % ring_pos)  # [streams, length]
+    row_held = held[inverse]  # [n, length]
+    rel = qpos[:, None] - row_held
+    ok = (row_held >= 0) & (rel >= 0)
     if window:
         ok &= rel < window
-    entries = ring - first
-    allowed = torch.zeros(count, 1, r, length, dtype=torch.bool)
-    allowed[entries, 0] = ok
-    whole = runs.numel() == n_runs == count and torch.equal(entries, torch.arange(count))
-    return RingsLayout(t=t, r=r, n_runs=n_runs, pad=pad, first=first, count=count, length=length,
-                       runs=None if whole else runs, entries=None if whole else entries, allowed=allowed,
-                       is_query=is_query.reshape(-1)[:t])
+    allowed = torch.zeros(count, 1, per_entry, length, dtype=torch.bool)
+    allowed[entry, 0, rank] = ok
+    return RingsLayout(t=t, r=r, first=first, count=count, length=length, rows=per_entry, direct=direct,
+                       qrows=qrows, entry=entry, rank=rank, allowed=allowed, is_query=is_query)
 
 
 def _rings_in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lay: RingsLayout, width: int,
                     scale: float) -> torch.Tensor:
-    """Attention of the step's runs over their rings read through a view of the cache: [T, Hq, D] in the
+    """Attention of the step's rows over their rings read through a view of the cache: [T, Hq, D] in the
     compute dtype. Nothing is gathered; slots a row may not read are masked, never cleared, so they must hold
     finite values (the caller's promise, `rings_finite`)."""
     _, block_size, hkv, d = k_cache.shape
     hq = q.shape[1]
-    group = hq // hkv
     compute = torch.promote_types(q.dtype, torch.float32)
     lo, hi = lay.first * width, (lay.first + lay.count) * width
     keys = k_cache[lo:hi].view(lay.count, width * block_size, hkv, d)[:, : lay.length].to(compute)
     vals = v_cache[lo:hi].view(lay.count, width * block_size, hkv, d)[:, : lay.length].to(compute)
     qf = q.to(compute)
-    if lay.pad:
-        qf = torch.cat([qf, qf.new_zeros(lay.pad, hq, d)])
-    qh = qf.view(lay.n_runs, lay.r, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(lay.n_runs, hq, lay.r, d)
-    if lay.runs is not None:  # runs to their rings' entries; entries of no run (and padding runs) stay zero
-        placed = qh.new_zeros(lay.count, hq, lay.r, d)
-        placed[lay.entries] = qh[lay.runs]
-        qh = placed
+    # [entries, Hq, rows, D]: q head h*group + g reads kv head h (enable_gqa repeats kv heads that way)
+    if lay.direct:
+        pad = lay.count * lay.r - lay.t
+        if pad:
+            qf = torch.cat([qf, qf.new_zeros(pad, hq, d)])
+        qh = qf.view(lay.count, lay.r, hq, d).transpose(1, 2)
+    else:  # rows to their entries; places of no row (and entries of no stream) stay zero
+        qh = qf.new_zeros(lay.count, hq, lay.rows, d)
+        qh[lay.entry, :, lay.rank] = qf[lay.qrows]
     o = F.scaled_dot_product_attention(qh, keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=lay.allowed,
-                                       scale=scale, enable_gqa=group > 1)
-    if lay.runs is not None:
-        back = o.new_zeros(lay.n_runs, hq, lay.r, d)
-        back[lay.runs] = o[lay.entries]
-        o = back
-    o = o.transpose(1, 2).reshape(lay.n_runs * lay.r, hq, d)[: lay.t]
-    return torch.where(lay.is_query[:, None, None], o, 0.0)  # padding rows: 0 (a fully masked row is NaN)
+                                       scale=scale, enable_gqa=hq > hkv)
+    if lay.direct:
+        o = o.transpose(1, 2).reshape(lay.count * lay.r, hq, d)[: lay.t]
+        return torch.where(lay.is_query[:, None, None], o, 0.0)  # padding rows: 0 (a fully masked row is NaN)
+    out = qf.new_zeros(lay.t, hq, d)
+    out[lay.qrows] = o[lay.entry, :, lay.rank]
+    return out
 
 
 def _cleared(x: torch.Tensor, lay: RunsLayout) -> torch.Tensor:
@@ -403,12 +417,13 @@ def paged_attention_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
     rings_finite: the caller promises that every slot of every ring the step's tables name holds a finite
     value (the engine's caches start zeroed and zero a ring when a stream is admitted to it). Then, where
-    each run is its own stream's only run and each stream's ring lies whole and ring-aligned in the cache
-    (the engine's layout: slot s owns blocks s*width ..), the rings are read in place through a view, with
-    the slots a row may not read masked instead of cleared: no gather, no copy (`RingsLayout`; about 2-10x
-    less time per call on the encoder's shapes, `benchmarks/bench_cpu_ring_attention.py`). The keys are summed
-    in ring order rather than in position order, so results agree with the gather path to rounding. Other
-    steps take the gather path. Without the promise a NaN in a masked slot would leak (0 * NaN).
+    each stream's ring lies whole and ring-aligned in the cache (the engine's layout: slot s owns blocks
+    s*width ..), the rings are read in place through a view, each stream's rows (one run, or a look-ahead
+    chunk's several) against its ring, with the slots a row may not read masked instead of cleared: no
+    gather, no copy (`RingsLayout`; `benchmarks/bench_cpu_ring_attention.py`). The keys are summed in ring
+    order rather than in position order, so results agree with the gather path to rounding. Other steps (a run
+    mixing sequences, tables of scattered blocks, a view with many rings no row reads) take the gather path.
+    Without the promise a NaN in a masked slot would leak (0 * NaN).
     """
     _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
     if tokens_per_run < 1:

@@ -459,6 +459,7 @@ def test_paged_attention_runs_reads_aligned_rings_in_place(name: str, slots: str
     ret = paged_attention_runs(*attention_args(case), out=out, tokens_per_run=max(spec["q_lens"]), plan=plan,
                                rings_finite=True)
     assert ret is out and plan.rings is not None and plan.layout is None, "the in-place path was taken"
+    assert not (slots == "scattered" and plan.rings.direct)  # runs out of ring order are placed, not viewed
     assert torch.isfinite(out).all()
     assert_attention_close(out, dense_attention(case),
                            rel={torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype])
@@ -470,20 +471,46 @@ def test_paged_attention_runs_reads_aligned_rings_in_place(name: str, slots: str
     fresh = paged_attention_runs(case["q"], k2, case["v_cache"], *attention_args(case)[3:],
                                  tokens_per_run=max(spec["q_lens"]), rings_finite=True)
     assert torch.equal(second, fresh)
+    if slots == "in_order":  # without an all-padding run the runs are the view's entries: read by a view
+        case = make_paged_case(list(PAGED_CASES).index(name) + 250, dtype=dtype, run_len=max(spec["q_lens"]),
+                               ring_slots=ring_slots, unread="garbage", pad_rows=0, **spec)
+        plan = RunsPlan()
+        out = paged_attention_runs(*attention_args(case), tokens_per_run=max(spec["q_lens"]), plan=plan,
+                                   rings_finite=True)
+        assert plan.rings is not None and plan.rings.direct
+        assert_attention_close(out, dense_attention(case),
+                               rel={torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype])
+        assert (out[case["q_pos"] < 0] == 0).all()
 
 
-@pytest.mark.parametrize("why", ["random_blocks", "two_runs_of_a_stream", "sparse_view", "promise_not_given"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("run_len", [1, 2, 4])
+@pytest.mark.parametrize("name", ["encoder_like", "ring_wraparound", "window_larger_than_history"])
+def test_paged_attention_runs_reads_a_streams_several_runs_in_place(name: str, run_len: int,
+                                                                    dtype: torch.dtype) -> None:
+    """A look-ahead chunk: a stream's rows come as several runs (with padding rows and an all-padding run between
+    them); in place, each stream's rows all go to its ring's view entry."""
+    spec = dict(PAGED_CASES[name])
+    spec["q_lens"] = [min(8, p + 1) for p in spec["last"]]
+    n = len(spec["last"])
+    case = make_paged_case(list(PAGED_CASES).index(name) + 300, dtype=dtype, run_len=run_len,
+                           ring_slots=[2 * i + 1 for i in range(n)][::-1], unread="garbage", **spec)
+    plan = RunsPlan()
+    out = paged_attention_runs(*attention_args(case), tokens_per_run=run_len, plan=plan, rings_finite=True)
+    assert plan.rings is not None and not plan.rings.direct
+    assert torch.isfinite(out).all()
+    assert_attention_close(out, dense_attention(case), rel={torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype])
+    assert (out[case["q_pos"] < 0] == 0).all()
+
+
+@pytest.mark.parametrize("why", ["random_blocks", "sparse_view", "promise_not_given"])
 def test_paged_attention_runs_gathers_where_rings_cannot_be_read_in_place(why: str) -> None:
     """Steps the in-place layout does not cover take the gather path (same bits), whatever rings_finite says:
-    tables that are not whole ring-aligned rings, a stream with two runs (a look-ahead chunk), a view that would
-    hold many rings no run reads; and without the promise the gather path is always taken (NaN in unread slots
-    then never leaks)."""
+    tables that are not whole ring-aligned rings, a view that would hold many rings no row reads; and without
+    the promise the gather path is always taken (NaN in unread slots then never leaks)."""
     spec = dict(PAGED_CASES["encoder_like"])
     run_len = 4
-    slots = {"random_blocks": None, "two_runs_of_a_stream": [0, 1, 2], "sparse_view": [0, 1, 30],
-             "promise_not_given": [0, 1, 2]}[why]
-    if why == "two_runs_of_a_stream":
-        spec["q_lens"] = [8, 4, 3]
+    slots = {"random_blocks": None, "sparse_view": [0, 1, 30], "promise_not_given": [0, 1, 2]}[why]
     case = make_paged_case(7, dtype=torch.float32, run_len=run_len, ring_slots=slots,
                            unread="nan" if why == "promise_not_given" else "garbage", **spec)
     plan = RunsPlan()
