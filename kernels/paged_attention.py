@@ -12,7 +12,9 @@ Rows with `q_pos < 0` are padding and produce 0. Positions outside a query's win
 read, so the engine may recycle their blocks: see `ring_table_width` for how wide a ring must be.
 
 `paged_attention_reference` defines the semantics (one gather per query, the straightforward way);
-`paged_attention_runs` is the CPU implementation (one gather per run of queries, like the kernel);
+`paged_attention_runs` is the CPU implementation (one gather per run of queries, like the kernel; or, where the
+caller promises finite rings laid out whole and ring-aligned, as the engine's are, no gather at all: the rings are
+read in place through a view, `rings_finite`);
 the Triton kernels (`_paged_attention_triton.py`) are the CUDA one and are CUDA-graph capturable.
 """
 
