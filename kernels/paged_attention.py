@@ -300,8 +300,8 @@ _RINGS_PER_STREAM = 2
 def _rings_layout(block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None,
                   block_size: int, tokens_per_run: int) -> RingsLayout | None:
     """The in-place layout of a step's rows, or None where it does not apply: no query row, a run mixing
-    sequences (the gather path flags it), a table row that is not one whole ring-aligned range of blocks, or a
-    view much wider than the step's streams."""
+    sequences (the gather path flags it), a table row that is not one whole ring-aligned range of blocks, two
+    sequences with one ring, or a view much wider than the step's streams."""
     t, r = q_pos.shape[0], tokens_per_run
     n_runs = -(-t // r)
     pad = n_runs * r - t
@@ -326,6 +326,8 @@ def _rings_layout(block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torc
     if bool((base % width != 0).any()) or not torch.equal(rows, base[:, None] + torch.arange(width)):
         return None
     ring = base // width
+    if torch.unique(ring).numel() != ring.numel():  # two sequences of one ring: not the engine's layout
+        return None
     first = int(ring.min())
     count = int(ring.max()) - first + 1
     if count > _RINGS_PER_STREAM * seqs.numel() + 2:

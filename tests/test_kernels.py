@@ -503,16 +503,25 @@ def test_paged_attention_runs_reads_a_streams_several_runs_in_place(name: str, r
     assert (out[case["q_pos"] < 0] == 0).all()
 
 
-@pytest.mark.parametrize("why", ["random_blocks", "sparse_view", "promise_not_given"])
+@pytest.mark.parametrize("why", ["random_blocks", "sparse_view", "promise_not_given", "shared_ring"])
 def test_paged_attention_runs_gathers_where_rings_cannot_be_read_in_place(why: str) -> None:
     """Steps the in-place layout does not cover take the gather path (same bits), whatever rings_finite says:
-    tables that are not whole ring-aligned rings, a view that would hold many rings no row reads; and without
-    the promise the gather path is always taken (NaN in unread slots then never leaks)."""
+    tables that are not whole ring-aligned rings, a view that would hold many rings no row reads, two sequence ids
+    with one ring; and without the promise the gather path is always taken (NaN in unread slots then never
+    leaks)."""
     spec = dict(PAGED_CASES["encoder_like"])
     run_len = 4
-    slots = {"random_blocks": None, "sparse_view": [0, 1, 30], "promise_not_given": [0, 1, 2]}[why]
+    slots = {"random_blocks": None, "sparse_view": [0, 1, 30], "promise_not_given": [0, 1, 2],
+             "shared_ring": [0, 1, 2]}[why]
     case = make_paged_case(7, dtype=torch.float32, run_len=run_len, ring_slots=slots,
                            unread="nan" if why == "promise_not_given" else "garbage", **spec)
+    if why == "shared_ring":  # a fourth sequence id whose table row is the first's (not the engine's layout)
+        case["block_tables"] = torch.cat([case["block_tables"], case["block_tables"][:1]])
+        case["seq_ids"] = torch.where(case["seq_ids"] == 2, 3, case["seq_ids"])
+        plan = RunsPlan()
+        paged_attention_runs(*attention_args(case), tokens_per_run=run_len, plan=plan, rings_finite=True)
+        assert plan.rings is None and plan.layout is not None
+        return
     plan = RunsPlan()
     out = paged_attention_runs(*attention_args(case), tokens_per_run=run_len, plan=plan,
                                rings_finite=why != "promise_not_given")
