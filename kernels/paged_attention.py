@@ -377,7 +377,7 @@ def _rings_in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         pad = lay.count * lay.r - lay.t
         if pad:
             qf = torch.cat([qf, qf.new_zeros(pad, hq, d)])
-        qh = qf.view(lay.count, lay.r, hq, d).transpose(1, 2)
+        qh = qf.reshape(lay.count, lay.r, hq, d).transpose(1, 2)
     else:  # rows to their entries; places of no row (and entries of no stream) stay zero
         qh = qf.new_zeros(lay.count, hq, lay.rows, d)
         qh[lay.entry, :, lay.rank] = qf[lay.qrows]
