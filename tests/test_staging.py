@@ -112,6 +112,16 @@ def test_the_plain_fence_never_waits_on_the_cpu():
     assert fence.done == 0
 
 
+def test_token_copy_returns_each_steps_ids_whatever_their_count():
+    """A step of another size than the one before, or with more ids than the buffer holds, returns exactly its
+    own ids."""
+    copy = TokenCopy(4, torch.device("cpu"))
+    for n in (3, 3, 1, 4, 9, 2, 9):
+        ids = torch.arange(100 + n, 100 + 2 * n)
+        copy.start(ids)
+        assert copy.wait() == ids.tolist()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_uploads_behind_a_busy_device_arrive_intact():
