@@ -12,8 +12,6 @@ import importlib
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Callable
 from unittest import mock
