@@ -12,6 +12,8 @@ frees everything; no event follows a close.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Union
 
@@ -70,6 +72,10 @@ class EngineStats:
     # clears them, so any number of readers can each fold in only the steps they have not seen
     step_seconds: list[float] = field(default_factory=list)
     tokens_emitted: int = 0
+    # the engine's current load: the median duration of the steps that ended in the last `RecentSteps.window_s`
+    # seconds, 0.0 when none did (an idle engine; the sequential reference engine never reports one). A batched
+    # step decodes one token, 80 ms of audio, for every stream with audio: past 80 ms live streams fall behind
+    recent_step_seconds: float = 0.0
     # speculative decoding (all 0 when it is off); counters since the engine started
     spec_rounds: int = 0  # verify steps of a stream that carried at least one draft
     spec_drafted: int = 0  # draft tokens proposed
@@ -86,6 +92,24 @@ class EngineStats:
     def spec_mean_acceptance_length(self) -> float:
         """Tokens per drafting verify step: 1 + accepted / rounds."""
         return 1.0 + self.spec_accepted / self.spec_rounds if self.spec_rounds else 0.0
+
+
+class RecentSteps:
+    """The durations of an engine's steps that ended in the last `window_s` seconds (at most `keep` of them): its
+    current load, `EngineStats.recent_step_seconds`. The caller passes the clock (`time.monotonic()`), so that
+    tests can drive it."""
+
+    def __init__(self, window_s: float = 2.0, keep: int = 512) -> None:
+        self.window_s = window_s
+        self._steps: deque[tuple[float, float]] = deque(maxlen=keep)  # (end time, seconds)
+
+    def add(self, seconds: float, now: float) -> None:
+        self._steps.append((now, seconds))
+
+    def median(self, now: float) -> float:
+        while self._steps and self._steps[0][0] < now - self.window_s:
+            self._steps.popleft()
+        return statistics.median(s for _, s in self._steps) if self._steps else 0.0
 
 
 class TranscriptionEngine(Protocol):

@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest file POST /v1/audio/transcriptions takes, in MiB (OpenAI's limit: 25)")
     p.add_argument("--max-uploads", type=_positive_int, default=8,
                    help="file transcriptions at once (each also takes a session slot); more get 503 server_busy")
+    p.add_argument("--max-step-ms", type=_nonneg_float, default=64.0,
+                   help="refuse new sessions and uploads (server_busy) while the engine's recent steps take longer "
+                        "than this (median of the last 2 s; a step decodes 80 ms of audio for every stream); "
+                        "0 disables")
     p.add_argument("--max-upload-minutes", type=_positive_float, default=60.0,
                    help="the most audio an upload may hold (decoded, it takes 230 MB of memory an hour)")
     p.add_argument("--max-pending-audio", type=_nonneg_float, default=2.0,
@@ -160,6 +164,7 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
         idle_timeout_s=args.idle_timeout if args.idle_timeout > 0 else float("inf"),
         max_message_bytes=args.max_message_bytes, max_pending_audio_s=args.max_pending_audio,
         max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_uploads=args.max_uploads,
+        max_step_ms=args.max_step_ms,
         # an upload is one engine stream: no longer than a session may be
         max_upload_seconds=min(args.max_upload_minutes * 60, args.max_session_seconds or float("inf")),
         ping_interval_s=args.ping_interval or None, ping_timeout_s=args.ping_timeout or None,

@@ -123,6 +123,9 @@ class Metrics:
         self.engine_steps = Gauge("streamscribe_engine_steps", "Engine steps run since start.")
         self.step_seconds = Histogram("streamscribe_engine_step_seconds", "Duration of one engine step.",
                                       _STEP_BUCKETS)
+        self.recent_step = Gauge("streamscribe_engine_recent_step_seconds",
+                                 "Median duration of the engine's steps in the last 2 s (0: idle); new sessions are "
+                                 "refused (server_busy) above --max-step-ms.")
         self.emission_delay = Histogram(
             "streamscribe_emission_delay_seconds",
             "Wall time from the arrival of the audio a delta covers (its audio_end_ms) to sending the delta.",
@@ -145,6 +148,7 @@ class Metrics:
         self.engine_streams.set(getattr(stats, "active_streams", 0))
         steps = getattr(stats, "steps", 0)
         self.engine_steps.set(steps)
+        self.recent_step.set(getattr(stats, "recent_step_seconds", 0.0))
         recent = list(getattr(stats, "step_seconds", ()) or ())
         new = max(0, min(len(recent), steps - self._steps_seen))
         for s in recent[len(recent) - new:]:

@@ -227,6 +227,11 @@ class StreamServer:
                 "too_many_sessions", f"This client ({client}) already has {quota} sessions open, the most one client "
                 "may hold; close one or try again later"), CLOSE_TRY_AGAIN_LATER, "too many sessions")
             return
+        busy = self._engine_busy()
+        if busy is not None:
+            await self._refuse(ws, query, ProtocolError("server_busy", busy), CLOSE_TRY_AGAIN_LATER,
+                               "engine at capacity")
+            return
         grant = self._grant(ws.request) if ws.request is not None else None
         conn = Connection(ws, self.ctx, query, client, grant.session if grant is not None else None)
         self.active.add(conn)
@@ -309,7 +314,27 @@ class StreamServer:
         if quota and self._sessions_of[client] >= quota:
             return HttpError(429, "too_many_sessions", f"This client ({client}) already has {quota} sessions open, "
                              "the most one client may hold; try again later")
+        busy = self._engine_busy()
+        if busy is not None:
+            return HttpError(503, "server_busy", busy)
         return None
+
+    def _engine_busy(self) -> str | None:
+        """Why one more session or upload would overload the engine, or None. Its steps decode 80 ms of audio for
+        every stream; while they take longer than --max-step-ms (the median of the last 2 s), one more stream would
+        slow every live one further. Load the engine cannot report never refuses anyone."""
+        limit = self.settings.max_step_ms
+        if not limit:
+            return None
+        try:
+            recent_ms = self.engine.stats().recent_step_seconds * 1000
+        except Exception:  # /health reports a failing engine; admission does not guess
+            logger.exception("engine.stats() failed")
+            return None
+        if recent_ms <= limit:
+            return None
+        return (f"The engine is at capacity: its steps take {recent_ms:.0f} ms for each 80 ms of audio (median of the "
+                f"last 2 s; the limit is {limit:g} ms, --max-step-ms); try again later")
 
     def _http_key_index(self, request: HttpRequest) -> int | None:
         """Which API key an HTTP request carries (Bearer header or ?api_key=)."""
@@ -428,7 +453,8 @@ class StreamServer:
             stats = self.engine.stats()
             self.metrics.record_engine_stats(stats)
             engine: dict[str, Any] = {"active_streams": stats.active_streams, "max_streams": stats.max_streams,
-                                      "steps": stats.steps}
+                                      "steps": stats.steps,
+                                      "recent_step_ms": round(stats.recent_step_seconds * 1000, 3)}
             status = "stopping" if self._stopped else "draining" if self.draining else "ok"
         except Exception as exc:  # an engine that cannot even report is not healthy
             engine, status = {"error": f"{type(exc).__name__}: {exc}"}, "error"

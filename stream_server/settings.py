@@ -34,6 +34,10 @@ class ServerSettings:
     # uploads transcribed at once (each also counts as a session); more get 503 `server_busy`, so that files cannot
     # take every session slot, nor the memory of max_sessions decoded files, from live callers
     max_uploads: int = 8
+    # new sessions and uploads get `server_busy` while the engine's recent steps (median of the last 2 s) take longer
+    # than this: a batched step decodes 80 ms of audio for every stream, so past 80 ms live streams fall behind and
+    # one more would slow them all (0: no such limit)
+    max_step_ms: float = 64.0
     idle_timeout_s: float = 30.0  # no client message and nothing in flight for this long -> idle_timeout
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0

@@ -424,6 +424,36 @@ def test_cpu_steps_read_rings_in_place(tiny_ckpt, monkeypatch):
     assert enc <= set(read) and lm <= set(read), "every layer of both caches was read in place"
 
 
+def test_recent_steps_is_the_median_of_the_last_window():
+    from realtime.serving import RecentSteps
+
+    r = RecentSteps(window_s=2.0, keep=4)
+    assert r.median(0.0) == 0.0
+    for t, s in [(0.0, 0.010), (0.5, 0.030), (1.0, 0.020)]:
+        r.add(s, t)
+    assert r.median(1.0) == 0.020
+    assert r.median(2.2) == 0.025  # the step that ended at 0.0 left the window
+    assert r.median(3.1) == 0.0  # nothing in the last 2 s: an idle engine
+    for i in range(6):
+        r.add(0.001 * i, 10.0)
+    assert r.median(10.0) == 0.0035  # the newest 4 only
+
+
+def test_engine_reports_its_recent_step_time(tiny_ckpt):
+    """`EngineStats.recent_step_seconds`: the median of the steps just run (what admission compares with
+    --max-step-ms), from an engine that just decoded."""
+    from realtime.engine.offline import run_engine_offline
+
+    path = tiny_ckpt(seed=2)
+    model, _ = load_model(path)
+    eng = BatchedEngine(model, load_tokenizer(path), opts=RunnerOptions(max_streams=2, max_batch=2))
+    assert eng.stats().recent_step_seconds == 0.0
+    run_engine_offline(eng, [synthetic_audio(1.0, seed=1)])
+    st = eng.stats()
+    recent = st.step_seconds[-min(len(st.step_seconds), 512):]
+    assert 0 < st.recent_step_seconds <= max(recent) and st.recent_step_seconds >= min(recent)
+
+
 def test_collected_then_no_gc_guard():
     """The guard graph capture runs under (CPU part of the check below): garbage in reference cycles
     is collected on entry, the automatic GC stays off inside, and its previous state comes back."""

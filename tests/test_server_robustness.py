@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import logging
@@ -310,6 +311,58 @@ async def test_server_full_is_explicit_then_recovers(start_server, reference):
     await b.close()
     _, _, body = http_get(f"{srv.http_url}/metrics")
     assert 'streamscribe_connections_rejected_total{reason="server_full"} 2' in body.decode()
+
+
+class LoadedEngine:
+    """The real engine, reporting a load of `recent_ms` per step (`EngineStats.recent_step_seconds`)."""
+
+    def __init__(self, inner, recent_ms: float) -> None:
+        self.inner, self.recent_ms = inner, recent_ms
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def stats(self):
+        return dataclasses.replace(self.inner.stats(), recent_step_seconds=self.recent_ms / 1000)
+
+
+async def test_an_engine_at_capacity_refuses_new_sessions_and_uploads_then_recovers(start_server, engine, reference,
+                                                                                    tmp_path):
+    """While the engine's recent steps take longer than --max-step-ms, a new realtime session gets `server_busy`
+    (its dialect's error shape, close 1013) and an upload 503 `server_busy` with Retry-After; sessions already open
+    go on. When the load falls, both are taken again; --max-step-ms 0 never refuses."""
+    loaded = LoadedEngine(engine, recent_ms=20.0)
+    srv = start_server(engine_override=loaded, max_step_ms=64.0)
+    open_before = await open_vllm(srv.ws_url)
+    loaded.recent_ms = 90.0
+    async with connect(srv.ws_url) as c:
+        err = await recv_json(c)
+        assert err["code"] == "server_busy" and "90 ms" in err["error"] and "--max-step-ms" in err["error"]
+        with pytest.raises(ConnectionClosed) as info:
+            await asyncio.wait_for(c.recv(), 5)
+        assert info.value.rcvd.code == 1013
+    async with connect(srv.ws_url + "?intent=transcription") as c:
+        err = await recv_json(c)
+        assert err["type"] == "error" and err["error"]["code"] == "server_busy"
+    sf.write(tmp_path / "short.wav", SHORT, 16000, subtype="PCM_16")
+    with pytest.raises(UploadError) as refused:
+        await asyncio.to_thread(upload_file, srv.http_url, tmp_path / "short.wav")
+    assert refused.value.status == 503 and refused.value.code == "server_busy"
+    status, _, body = http_get(f"{srv.http_url}/health")
+    assert status == 200 and json.loads(body)["engine"]["recent_step_ms"] == 90.0
+    assert await utterance_vllm(open_before, SHORT) == reference(SHORT)  # an open session is never cut
+    await open_before.close()
+    _, _, body = http_get(f"{srv.http_url}/metrics")
+    assert 'streamscribe_connections_rejected_total{reason="server_busy"} 3' in body.decode()
+    assert "streamscribe_engine_recent_step_seconds 0.09" in body.decode()
+    loaded.recent_ms = 60.0
+    assert await fresh_vllm_utterance(srv.ws_url, SHORT) == reference(SHORT)
+    assert (await asyncio.to_thread(upload_file, srv.http_url, tmp_path / "short.wav")).text == reference(SHORT).strip()
+    unlimited = start_server(engine_override=LoadedEngine(engine, recent_ms=500.0), max_step_ms=0)
+    assert await fresh_vllm_utterance(unlimited.ws_url, SHORT) == reference(SHORT)
+    args = build_parser().parse_args([])
+    assert settings_from_args(args, env={}).max_step_ms == 64.0
+    assert settings_from_args(build_parser().parse_args(["--max-step-ms", "0"]), env={}).max_step_ms == 0
 
 
 async def test_sessions_per_client_are_capped_per_key(start_server, reference):

@@ -30,6 +30,7 @@ from ..serving import (
     AdmissionError,
     EngineStats,
     EventCallback,
+    RecentSteps,
     StreamDone,
     StreamError,
     StreamFailed,
@@ -104,6 +105,7 @@ class BatchedEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._stats = EngineStats(max_streams=self.opts.max_streams)
+        self._recent = RecentSteps()  # the current load (`EngineStats.recent_step_seconds`)
         self._step = 0
 
     # -- interface (any thread) ------------------------------------------------------------------
@@ -198,7 +200,8 @@ class BatchedEngine:
     def stats(self) -> EngineStats:
         with self._lock:
             st = EngineStats(sum(1 for c in self._controls.values() if not c.closed), self.opts.max_streams,
-                             self._stats.steps, list(self._stats.step_seconds), self._stats.tokens_emitted)
+                             self._stats.steps, list(self._stats.step_seconds), self._stats.tokens_emitted,
+                             recent_step_seconds=self._recent.median(time.monotonic()))
             if self.speculator is not None:
                 m = self.speculator.metrics
                 st.spec_rounds, st.spec_drafted, st.spec_accepted = m.rounds, m.drafted, m.accepted
@@ -345,6 +348,7 @@ class BatchedEngine:
             self._stats.steps += 1
             self._stats.step_seconds.append(dt)
             del self._stats.step_seconds[:-4096]
+            self._recent.add(dt, time.monotonic())
             self._stats.tokens_emitted += n_emitted
         for s in plan.decode:
             if s.is_finished() and not s.done:
