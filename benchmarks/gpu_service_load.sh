@@ -8,7 +8,8 @@
 #   env: MODEL (default: the embedded model), RAMP (256,384,448,512), SEARCH (a maximum: double-then-bisect
 #        search instead of the ramp), DURATION (10 s per client), PROCS (4), MAX_SESSIONS (1100),
 #        PYSPY_SECONDS (0: no profile), PYSPY_ARGS (e.g. --gil: only samples of the thread holding the GIL),
-#        DEVICE (cuda; cpu for a dry run), WORKERS (1: server processes, `--workers`; the profile needs 1)
+#        DEVICE (cuda; cpu for a dry run), WORKERS (1: server processes, `--workers`; the profile needs 1),
+#        SERVER_ARGS (more server flags, e.g. "--max-step-ms 0")
 #        SERVER_CPUS / CLIENT_CPUS (e.g. 0-7 / 8-15: `taskset -c` lists that keep the server processes and the
 #        load tester on separate cores, so that a failing level says which side ran out; default: shared)
 # WHEELS_DIR holds the wheels the device lacks: websockets (and soundfile, cffi, pycparser; py-spy for
@@ -25,7 +26,7 @@ export PYTHONPATH=/tmp/site:$PWD
 server_pin=(); [ -n "${SERVER_CPUS:-}" ] && server_pin=(taskset -c "$SERVER_CPUS")
 client_pin=(); [ -n "${CLIENT_CPUS:-}" ] && client_pin=(taskset -c "$CLIENT_CPUS")
 "${server_pin[@]}" python3 -m stream_server --model "${MODEL:-default}" --device "${DEVICE:-cuda}" --port $port --max-sessions "${MAX_SESSIONS:-1100}" \
-  --max-session-seconds 120 --workers "${WORKERS:-1}" --log-level WARNING > "$out/server.log" 2>&1 &
+  --max-session-seconds 120 --workers "${WORKERS:-1}" --log-level WARNING ${SERVER_ARGS:-} > "$out/server.log" 2>&1 &
 srv=$!
 for _ in $(seq 1 600); do  # with --workers, until the supervisor reports all of them listening
   if [ "${WORKERS:-1}" = 1 ]; then
