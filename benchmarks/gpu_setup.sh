@@ -14,6 +14,20 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "${1:?out dir}/gpu.txt"
 GPU_DIR=$1
 
+# serve PORT LOG ARGS...: `python3 -m stream_server --port PORT ARGS...` in the background (its pid in $srv, its output
+# in LOG), returning once /health answers (or after 300 s)
+serve() {
+  local port=$1 log=$2
+  shift 2
+  python3 -m stream_server --port "$port" "$@" > "$log" 2>&1 &
+  srv=$!
+  for _ in $(seq 1 300); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" \
+      2>/dev/null && return
+    sleep 1
+  done
+}
+
 # gpu_tests NAME SECONDS FILE...: the gpu-marked tests of the files, verbose, into $GPU_DIR/NAME.txt under a time limit;
 # prints the exit status and the summary (or the abort) line
 gpu_tests() {

@@ -13,14 +13,7 @@ timeout 150 python3 benchmarks/bench_engine_files.py --files $files --device cud
 echo "engine_files rc=$?"; grep "bench_engine_files:" "$GPU_DIR/engine_files.log"
 port=8125
 for ms in 256 8; do
-  python3 -m stream_server --device cuda --port $port --max-sessions $ms --max-uploads $ms --log-level WARNING \
-    > "$GPU_DIR/server_$ms.log" 2>&1 &
-  srv=$!
-  for _ in $(seq 1 300); do
-    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" \
-      2>/dev/null && break
-    sleep 1
-  done
+  serve $port "$GPU_DIR/server_$ms.log" --device cuda --max-sessions $ms --max-uploads $ms --log-level WARNING
   for rep in 1 2; do
     timeout 100 python3 benchmarks/bench_http_transcribe.py --url http://127.0.0.1:$port --files $files \
       --concurrency 1 --out "$GPU_DIR/uploads_${ms}_$rep.json" > "$GPU_DIR/uploads_${ms}_$rep.log" 2>&1

@@ -17,15 +17,8 @@ for mode in ${MODES:-plain drafter}; do
   timeout 120 python3 -m realtime.transcribe --device ${DEVICE:-cuda} --batch 1 "${extra[@]}" \
     .bench_audio/heldout_0*.flac > "$GPU_DIR/expect_$mode.tsv" 2> "$GPU_DIR/expect_$mode.log"
   echo "expect $mode rc=$?"
-  python3 -m stream_server --device ${DEVICE:-cuda} --port $port --max-sessions 256 --max-uploads 64 "${extra[@]}" \
-    --log-level WARNING \
-    > "$GPU_DIR/server_$mode.log" 2>&1 &
-  srv=$!
-  for _ in $(seq 1 300); do
-    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" \
-      2>/dev/null && break
-    sleep 1
-  done
+  serve $port "$GPU_DIR/server_$mode.log" --device ${DEVICE:-cuda} --max-sessions 256 --max-uploads 64 "${extra[@]}" \
+    --log-level WARNING
   for c in ${LEVELS:-1 16 64}; do
     repeats=$(( (c + 4) / 5 > 1 ? (c + 4) / 5 : 1 ))
     timeout 200 python3 benchmarks/bench_http_transcribe.py --url http://127.0.0.1:$port \

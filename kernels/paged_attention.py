@@ -251,19 +251,29 @@ class RunsPlan:
     rings_checked: bool = False  # whether the step's runs were checked for reading rings in place
 
 
-def _runs_layout(block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None,
-                 block_size: int, tokens_per_run: int, max_pos: int) -> RunsLayout:
-    t, r = q_pos.shape[0], tokens_per_run
+def _runs_of(q_pos: torch.Tensor, seq_ids: torch.Tensor, r: int
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A step's rows as runs of r: positions and sequence ids [n_runs, r] (the last run filled with padding rows),
+    which rows are queries, and each run's owner (its largest query row's sequence, -1 for a run of padding)."""
+    t = q_pos.shape[0]
     n_runs = -(-t // r)
     pad = n_runs * r - t
-    pos = q_pos.long()
-    seq = seq_ids.long()
+    pos, seq = q_pos.long(), seq_ids.long()
     if pad:
         pos = torch.cat([pos, pos.new_full((pad,), -1)])
         seq = torch.cat([seq, seq.new_zeros(pad)])
     pos, seq = pos.view(n_runs, r), seq.view(n_runs, r)
     is_query = pos >= 0
-    run_seq = torch.where(is_query, seq, -1).amax(dim=1).clamp(min=0)  # [n_runs]
+    return pos, seq, is_query, torch.where(is_query, seq, -1).amax(dim=1)
+
+
+def _runs_layout(block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor, window: int | None,
+                 block_size: int, tokens_per_run: int, max_pos: int) -> RunsLayout:
+    t, r = q_pos.shape[0], tokens_per_run
+    pos, seq, is_query, owner = _runs_of(q_pos, seq_ids, r)
+    n_runs = pos.shape[0]
+    pad = n_runs * r - t
+    run_seq = owner.clamp(min=0)  # [n_runs]
     own = is_query & (seq == run_seq[:, None])  # rows of another sequence are flagged below
     run_top = torch.where(own, pos, -1).amax(dim=1)  # newest position of each run (-1: all padding)
     # keys from the run's oldest query's window start to its newest position, read as whole blocks
@@ -303,17 +313,11 @@ def _rings_layout(block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torc
     sequences (the gather path flags it), a table row that is not one whole ring-aligned range of blocks, two
     sequences with one ring, or a view much wider than the step's streams."""
     t, r = q_pos.shape[0], tokens_per_run
-    n_runs = -(-t // r)
-    pad = n_runs * r - t
-    pos, seq = q_pos.long(), seq_ids.long()
-    if pad:
-        pos = torch.cat([pos, pos.new_full((pad,), -1)])
-        seq = torch.cat([seq, seq.new_zeros(pad)])
-    run_pos, run_seq = pos.view(n_runs, r), seq.view(n_runs, r)
-    run_query = run_pos >= 0
-    owner = torch.where(run_query, run_seq, -1).amax(dim=1)
+    run_pos, run_seq, run_query, owner = _runs_of(q_pos, seq_ids, r)
     if bool((run_query & (run_seq != owner[:, None])).any()):
         return None
+    n_runs = run_pos.shape[0]
+    pos, seq = run_pos.reshape(-1), run_seq.reshape(-1)
     is_query = pos[:t] >= 0
     qrows = torch.nonzero(is_query).flatten()
     if qrows.numel() == 0:
