@@ -930,6 +930,14 @@ def test_workers_share_one_port_and_stop_together(reference, tmp_path):
             return list(await asyncio.gather(*(fresh_vllm_utterance_named(url, SHORT) for _ in range(4))))
 
         assert asyncio.run(four_at_once()) == [reference(SHORT)] * 4
+        # a worker counts a closed session until its handler has finished: with 4 sessions a worker, four uploads
+        # on one worker would find it full while one lingers, so wait until both report none open
+        idle: set[int] = set()
+        deadline = time.monotonic() + 30
+        while idle != set(pids) and time.monotonic() < deadline:
+            health = json.loads(http_get(f"http://127.0.0.1:{port}/health")[2])
+            (idle.add if health["active_sessions"] == 0 else idle.discard)(health["pid"])
+        assert idle == set(pids)
         # file uploads reach whichever worker the kernel picks, and each transcribes them
         sf.write(tmp_path / "short.wav", SHORT, 16000, subtype="PCM_16")
         with ThreadPoolExecutor(4) as pool:
