@@ -1,6 +1,7 @@
-"""Kokoro's speakers (`realtime/train/kokoro.py`): four training speakers and one kept for evaluation only, style
-mixtures, the model's durations covering its audio, word times from its alignment that bracket the speech,
-refused voices and utterances, and the modules importing without the packages."""
+"""Kokoro's speakers (`realtime/train/kokoro.py`): the wheel's four training speakers and one kept for evaluation
+only, the npm package's 45 training and 4 evaluation-only speakers (`kokoro_js.py`), style mixtures, the model's
+durations covering its audio, word times from its alignment that bracket the speech, refused voices and utterances,
+and the modules importing without the packages."""
 
 from __future__ import annotations
 
@@ -10,11 +11,23 @@ import numpy as np
 import pytest
 from conftest import refusal_without_packages, speech_bounds
 
-from realtime.train.kokoro import SPEAKERS, KokoroError, KokoroSynth, KokoroVoice, kokoro_available
+from realtime.train import kokoro_js
+from realtime.train.kokoro import (
+    ALL_SPEAKERS,
+    SPEAKERS,
+    KokoroError,
+    KokoroSynth,
+    KokoroVoice,
+    kokoro_available,
+    speaker_language,
+)
 from realtime.train.voices import (
     KOKORO_AWAY,
+    KOKORO_EN_EVAL,
+    KOKORO_EN_TRAIN,
     KOKORO_EVAL,
     KOKORO_EXTENDED,
+    KOKORO_OTHER_TRAIN,
     KOKORO_TRAIN,
     available,
     catalogue,
@@ -27,7 +40,7 @@ needs_kokoro = pytest.mark.skipif(not kokoro_available(), reason="onnxruntime, o
 
 def test_kokoro_speakers_train_only_and_one_is_never_trained_on() -> None:
     train_v, held_v = catalogue()
-    every = [v for v in train_v if v.engine == "kokoro"]
+    every = [v for v in train_v if v.engine == "kokoro" and v.base.removesuffix(KOKORO_EXTENDED) in SPEAKERS]
     kokoro = [v for v in every if not v.base.endswith(KOKORO_EXTENDED)]
     assert sorted(v.base for v in kokoro) == sorted(KOKORO_TRAIN) and set(KOKORO_TRAIN) | {KOKORO_EVAL} == set(SPEAKERS)
     assert sorted(v.base for v in every if v not in kokoro) == sorted(s + KOKORO_EXTENDED for s in KOKORO_TRAIN)
@@ -51,9 +64,66 @@ def test_kokoro_speakers_train_only_and_one_is_never_trained_on() -> None:
         assert 0.8 - 1e-9 <= min(speeds) and max(speeds) <= 1.25 + 1e-9 and max(speeds) - min(speeds) > 0.35
 
 
+def test_npm_speakers_train_in_two_groups_and_four_english_ones_are_never_trained_on() -> None:
+    train_v, held_v = catalogue()
+    npm = [v for v in train_v if v.engine == "kokoro" and v.base in kokoro_js.SPEAKERS]
+    assert set(kokoro_js.SPEAKERS) == set(ALL_SPEAKERS) - set(SPEAKERS) and len(kokoro_js.SPEAKERS) == 49
+    assert sorted(v.base for v in npm) == sorted(KOKORO_EN_TRAIN + KOKORO_OTHER_TRAIN)
+    assert len(KOKORO_EN_TRAIN) == 24 and len(KOKORO_OTHER_TRAIN) == 21 and len(KOKORO_EN_EVAL) == 4
+    assert set(KOKORO_EN_TRAIN) | set(KOKORO_EN_EVAL) == set(kokoro_js.ENGLISH)
+    assert {s[:2] for s in KOKORO_EN_EVAL} == {"af", "am", "bf", "bm"}  # one of each accent and sex
+    assert not any(v.base in KOKORO_EN_EVAL for v in train_v + held_v)
+    assert all(v.speaker == f"kokoro-{v.base}" and v.female == (v.base[1] == "f") for v in npm)
+    assert {v.weight for v in npm if v.base in KOKORO_OTHER_TRAIN} == {0.5}
+    assert {v.weight for v in npm if v.base in KOKORO_EN_TRAIN} == {1.0}
+    # only where the npm package's vectors were fetched (and Kokoro's model is there)
+    assert not available(npm, espeak=True, flite=True, kokoro=True)
+    assert not available(npm, espeak=True, flite=True, kokoro_js=True)
+    assert available(npm, espeak=True, flite=True, kokoro=True, kokoro_js=True) == npm
+    rng = np.random.default_rng(3)
+    for v in npm:
+        group = KOKORO_EN_TRAIN if v.base in KOKORO_EN_TRAIN else KOKORO_OTHER_TRAIN
+        drawn = [v.render(rng) for _ in range(300)]
+        assert all(isinstance(d, KokoroVoice) and d.mix[0][0] == v.base and not d.prosody and d.away is None
+                   for d in drawn)
+        assert all(name in group for d in drawn for name, _ in d.mix)  # its own group, never an evaluation speaker
+        mixed = [d for d in drawn if len(d.mix) == 2]
+        assert 0.4 < len(mixed) / len(drawn) < 0.6 and all(0.5 <= d.mix[0][1] <= 0.9 for d in mixed)
+        assert len({d.mix[1][0] for d in mixed}) > len(group) // 2  # towards many speakers of its group
+        assert {d.language for d in drawn} == {"en-gb-x-rp" if v.base[0] == "b" else "en-us"}
+    assert [speaker_language(s) for s in ("bf_emma", "bm_george", "af_heart", "zm_yunxi", "jf_alpha")] == [
+        "en-gb-x-rp", "en-gb-x-rp", "en-us", "en-us", "en-us"]
+
+
+def test_kokoro_js_voices_are_found_checked_and_fetched_only_as_published(tmp_path, monkeypatch) -> None:
+    import os
+    import stat
+
+    folder = tmp_path / "voices"
+    folder.mkdir()
+    monkeypatch.setenv(kokoro_js.ENV, str(folder))
+    assert kokoro_js.voices_dir() == folder and not kokoro_js.voices_present()
+    for s in kokoro_js.SPEAKERS:
+        np.zeros(kokoro_js.STYLE_FLOATS, "<f4").tofile(folder / f"{s}.bin")
+    assert kokoro_js.voices_present()
+    np.zeros(10, "<f4").tofile(folder / "af_bella.bin")  # truncated
+    assert not kokoro_js.voices_present()
+    # a fake npm that "packs" a tarball other than the published one: refused by its sha256
+    npm = tmp_path / "npm"
+    npm.write_text(f"#!/bin/sh\necho not the package > {kokoro_js.TARBALL}\n")
+    npm.chmod(npm.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(SystemExit, match="refused"):
+        kokoro_js.fetch(tmp_path / "out", npm=str(npm))
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit, match="not found"):
+        kokoro_js.fetch(tmp_path / "out", npm=os.fspath(tmp_path / "no-such-npm"))
+
+
 def test_kokoro_voices_are_checked() -> None:
     with pytest.raises(KokoroError, match="distinct speakers"):
-        KokoroVoice((("af_heart", 1.0),))
+        KokoroVoice((("af_hearth", 1.0),))
+    with pytest.raises(KokoroError, match="reads one of"):
+        KokoroVoice((("bf_emma", 1.0),), language="en-gb")
     with pytest.raises(KokoroError, match="distinct speakers"):
         KokoroVoice((("jf_alpha", 0.5), ("jf_alpha", 0.5)))
     with pytest.raises(KokoroError, match="distinct speakers"):
@@ -65,10 +135,10 @@ def test_kokoro_voices_are_checked() -> None:
     with pytest.raises(KokoroError, match="speed"):
         KokoroVoice((("jf_alpha", 1.0),), speed=3.0)
     with pytest.raises(KokoroError, match="prosody mix needs distinct speakers"):
-        KokoroVoice((("jf_alpha", 1.0),), prosody=(("af_heart", 1.0),))
+        KokoroVoice((("jf_alpha", 1.0),), prosody=(("af_hearth", 1.0),))
     with pytest.raises(KokoroError, match="prosody mix's weights"):
         KokoroVoice((("jf_alpha", 1.0),), prosody=(("jm_kumo", 1.2),))
-    for away in (("jf_alpha", 0.3), ("jm_kumo", 0.0), ("jm_kumo", 0.6), ("af_heart", 0.3)):
+    for away in (("jf_alpha", 0.3), ("jm_kumo", 0.0), ("jm_kumo", 0.6), ("af_hearth", 0.3)):
         with pytest.raises(KokoroError, match="pushed away"):  # its own speaker, no push, too far, unknown
             KokoroVoice((("jf_alpha", 1.0),), away=away)
 
@@ -128,6 +198,30 @@ def test_durations_cover_the_audio_and_speed_and_style_reach_the_model(synth) ->
     np.testing.assert_array_equal(synth.style(kumo, n), synth._styles["jm_kumo"][n - 1].reshape(1, 256))  # untouched
     own_style, _ = synth.speak(KokoroVoice((("jm_kumo", 1.0),), prosody=(("jf_alpha", 1.0),)), phonemes)
     assert own_style.size != audio.size  # alpha's durations, kumo's sound
+
+
+@needs_kokoro
+def test_npm_speakers_style_vectors_are_read_from_their_folder(synth, tmp_path, monkeypatch) -> None:
+    """An npm speaker's vector file is read as the wheel's tables are (raw float32, 510 x 256): here the folder holds
+    jf_alpha's table under af_bella's name, so af_bella must sound exactly like jf_alpha. A British speaker reads
+    RP phonemes; a missing file is a clear error naming the fetch command."""
+    folder = tmp_path / "voices"
+    folder.mkdir()
+    synth._styles["jf_alpha"].astype("<f4").tofile(folder / "af_bella.bin")
+    synth._styles["jm_kumo"].astype("<f4").tofile(folder / "bm_lewis.bin")
+    monkeypatch.setenv(kokoro_js.ENV, str(folder))
+    fresh = KokoroSynth()
+    words = "the bath water was rather hot".split()
+    alpha, alpha_times = fresh.synthesize(KokoroVoice((("jf_alpha", 1.0),)), words)
+    bella, bella_times = fresh.synthesize(KokoroVoice((("af_bella", 1.0),)), words)
+    np.testing.assert_array_equal(bella, alpha)
+    assert bella_times == alpha_times
+    assert fresh.phonemes("bath", "en-gb-x-rp") != fresh.phonemes("bath", "en-us")
+    british, timed = fresh.synthesize(KokoroVoice((("bm_lewis", 1.0),), language="en-gb-x-rp"), words)
+    kumo, _ = fresh.synthesize(KokoroVoice((("jm_kumo", 1.0),)), words)
+    assert [w.text for w in timed] == words and not np.array_equal(british[:4000], kumo[:4000])
+    with pytest.raises(KokoroError, match="python -m realtime.train.kokoro_js"):
+        fresh.synthesize(KokoroVoice((("af_heart", 1.0),)), words)
 
 
 @needs_kokoro

