@@ -8,10 +8,18 @@
 #   carry [".stage1"]; bash benchmarks/gpu_stage.sh
 # Thirty-third session: .stage1/ also holds kokoro_a/ (`python -m realtime.train.kokoro_carry`), the first Kokoro model
 # wheel, for benchmarks/gpu_kokoro_synth.sh (call 2).
+# Thirty-ninth session: STAGE=DIR (default .stage1) names the carried folder, and APPEND=1 adds it to a stage made by
+# an earlier call on the same warm machine (that call's model is checked again), for more than one call can carry:
+#   carry [".stage1"]; bash benchmarks/gpu_stage.sh     then     carry [".stage2"]; STAGE=.stage2 APPEND=1 bash ...
 set -eu
 S=/tmp/streamscribe_stage
-rm -rf "$S" && mkdir -p "$S"
-cp -r .stage1/. "$S/"
+if [ "${APPEND:-0}" = 1 ]; then
+  [ -f "$S/DONE" ] || { echo "APPEND=1 but no stage on this machine (it went cold?): stage .stage1 first"; exit 3; }
+else
+  rm -rf "$S" && mkdir -p "$S"
+fi
+rm -f "$S/DONE"
+cp -r "${STAGE:-.stage1}"/. "$S/"
 python3 -c "
 import sys
 from safetensors import safe_open

@@ -39,18 +39,30 @@ def pairs(folder: Path) -> list[tuple[Path, str]]:
     return out
 
 
+def speaker_of(audio: Path) -> str:
+    """The speaker of an evaluation folder's recording: its name without the _NN index ("bf_emma_07.wav" -> "bf_emma")."""
+    stem, sep, index = audio.stem.rpartition("_")
+    if not sep or not index.isdigit():
+        raise ValueError(f"{audio.name}: not SPEAKER_NN.wav, so --by-speaker cannot tell its speaker")
+    return stem
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folder", required=True)
     ap.add_argument("--models", nargs="+", required=True, help="NAME=FOLDER ...")
     ap.add_argument("--delay-ms", type=int, default=480)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--by-speaker", action="store_true",
+                    help="score per speaker, not per recording: SPEAKER_NN.wav counts as SPEAKER (a folder of several "
+                         "speakers' evaluation sets, e.g. realtime.train.kokoro's, linked into one)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     # the training evaluation's own decoding and scoring (realtime.train.evaluate): WER over all the
     # recordings ("*") and per recording, with the same normalisation as the held-out tables
-    items = [EvalItem(GROUP, audio.name, args.delay_ms, ref, load_audio_file(str(audio), 16000))
+    items = [EvalItem(GROUP, speaker_of(audio) if args.by_speaker else audio.name, args.delay_ms, ref,
+                      load_audio_file(str(audio), 16000))
              for audio, ref in pairs(Path(args.folder))]
     report: dict = {"folder": args.folder, "delay_ms": args.delay_ms}
     for spec in args.models:

@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from score_folder import main, pairs
+from score_folder import main, pairs, speaker_of
 
 from realtime.audio import load_audio_file
 from realtime.model_store import load_model_and_tokenizer
@@ -71,3 +71,29 @@ def test_a_recording_without_transcript_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "x.wav").unlink()
     with pytest.raises(FileNotFoundError, match="no recordings"):
         pairs(tmp_path)
+
+
+def test_by_speaker_scores_each_speakers_recordings_together(tmp_path: Path) -> None:
+    """--by-speaker: a speaker's figure is jiwer's over all its recordings, not a mean of per-recording figures
+    (here 0% and several hundred % for one speaker's two recordings: the two differ widely)."""
+    import shutil
+
+    samples = Path(__file__).resolve().parent.parent / "demo" / "samples"
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    for name, sample, text in (("bf_emma_00", "heldout_nyc_f4", "my children finally got me to buy a computer"),
+                               ("bf_emma_01", "sample_en", "the quick brown fox"), ("am_x_00", "heldout_nyc_f4", "eight")):
+        shutil.copyfile(samples / f"{sample}.wav", folder / f"{name}.wav")
+        (folder / f"{name}.txt").write_text(text)
+    out = tmp_path / "r.json"
+    assert main(["--folder", str(folder), "--models", f"shipped={MODEL}", "--by-speaker", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())["shipped"]
+    assert set(r["folder"]) == {"*", "bf_emma", "am_x"} and r["folder"]["bf_emma"]["480"]["n"] == 2
+    hyp = {e["ref"]: normalize_text(e["hyp"]) or "<empty>" for e in r["examples"] if e["voice"] == "bf_emma"}
+    refs = sorted(hyp)
+    each = [jiwer.wer(ref, hyp[ref]) for ref in refs]
+    assert max(each) - min(each) > 0.5  # so a mean of the two would not be the jiwer figure over both
+    assert r["folder"]["bf_emma"]["480"]["wer"] == round(100 * jiwer.wer(refs, [hyp[x] for x in refs]), 2)
+    assert speaker_of(Path("af_sarah_12.wav")) == "af_sarah"
+    with pytest.raises(ValueError, match="cannot tell its speaker"):
+        speaker_of(Path("recording.wav"))
