@@ -76,6 +76,14 @@ class EngineStats:
     # seconds, 0.0 when none did (an idle engine; the sequential reference engine never reports one). A batched
     # step decodes one token, 80 ms of audio, for every stream with audio: past 80 ms live streams fall behind
     recent_step_seconds: float = 0.0
+    # the median number of streams those steps decoded (0.0 when idle): with recent_step_seconds, what one stream
+    # costs a step now, which admission uses to foresee the load of sessions admitted but not yet decoding
+    recent_step_streams: float = 0.0
+    # a step's cost as a line, fixed + per stream × streams, fitted to the engine's last steps (RecentSteps.cost_line;
+    # both 0.0 until steps of enough batch sizes ran): what one more stream adds where the median ratio above would
+    # also count the fixed cost (large on a GPU at small batches)
+    step_fixed_seconds: float = 0.0
+    step_seconds_per_stream: float = 0.0
     # speculative decoding (all 0 when it is off); counters since the engine started
     spec_rounds: int = 0  # verify steps of a stream that carried at least one draft
     spec_drafted: int = 0  # draft tokens proposed
@@ -94,22 +102,63 @@ class EngineStats:
         return 1.0 + self.spec_accepted / self.spec_rounds if self.spec_rounds else 0.0
 
 
+LOAD_WINDOW_S = 2.0  # how far back an engine's current load looks (RecentSteps)
+
+
 class RecentSteps:
     """The durations of an engine's steps that ended in the last `window_s` seconds (at most `keep` of them): its
     current load, `EngineStats.recent_step_seconds`. The caller passes the clock (`time.monotonic()`), so that
     tests can drive it."""
 
-    def __init__(self, window_s: float = 2.0, keep: int = 512) -> None:
+    def __init__(self, window_s: float = LOAD_WINDOW_S, keep: int = 512, history: int = 2048) -> None:
         self.window_s = window_s
-        self._steps: deque[tuple[float, float]] = deque(maxlen=keep)  # (end time, seconds)
+        self._steps: deque[tuple[float, float, int]] = deque(maxlen=keep)  # (end time, seconds, streams)
+        self._history: deque[tuple[int, float]] = deque(maxlen=history)  # (streams, seconds), for cost_line
+        self._line: tuple[float, float] | None = None  # cost_line's last answer, refitted every REFIT steps
+        self._since_fit = 0
 
-    def add(self, seconds: float, now: float) -> None:
-        self._steps.append((now, seconds))
+    REFIT = 32  # steps between two fits: admission asks for the line per connection, a fit reads `history` steps
 
-    def median(self, now: float) -> float:
+    def add(self, seconds: float, now: float, streams: int = 1) -> None:
+        self._steps.append((now, seconds, streams))
+        self._history.append((streams, seconds))
+        self._since_fit += 1
+
+    def cost_line(self) -> tuple[float, float]:
+        """`fit_cost_line` of the last steps, refitted at most every REFIT steps."""
+        if self._line is None or self._since_fit >= self.REFIT:
+            self._line, self._since_fit = self.fit_cost_line(), 0
+        return self._line
+
+    def fit_cost_line(self, min_sizes: int = 3, min_each: int = 2) -> tuple[float, float]:
+        """(fixed seconds, seconds per stream) of a step: least squares over the median step of each batch size among
+        the last `history` steps (medians, so that a pause of the host does not tilt it), both clamped at 0. (0.0,
+        0.0) while fewer than `min_sizes` batch sizes have `min_each` steps: a line through fewer follows noise."""
+        by_size: dict[int, list[float]] = {}
+        for n, sec in self._history:
+            by_size.setdefault(n, []).append(sec)
+        points = [(n, statistics.median(v)) for n, v in by_size.items() if len(v) >= min_each]
+        if len(points) < min_sizes:
+            return 0.0, 0.0
+        mean_n = sum(n for n, _ in points) / len(points)
+        mean_s = sum(t for _, t in points) / len(points)
+        var = sum((n - mean_n) ** 2 for n, _ in points)
+        slope = sum((n - mean_n) * (t - mean_s) for n, t in points) / var
+        slope = max(slope, 0.0)
+        return max(mean_s - slope * mean_n, 0.0), slope
+
+    def _prune(self, now: float) -> None:
         while self._steps and self._steps[0][0] < now - self.window_s:
             self._steps.popleft()
-        return statistics.median(s for _, s in self._steps) if self._steps else 0.0
+
+    def median(self, now: float) -> float:
+        self._prune(now)
+        return statistics.median(s for _, s, _ in self._steps) if self._steps else 0.0
+
+    def median_streams(self, now: float) -> float:
+        """The median number of streams the window's steps decoded (0.0 when none ran)."""
+        self._prune(now)
+        return float(statistics.median(n for _, _, n in self._steps)) if self._steps else 0.0
 
 
 class TranscriptionEngine(Protocol):

@@ -114,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="file transcriptions at once (each also takes a session slot); more get 503 server_busy")
     p.add_argument("--max-step-ms", type=_nonneg_float, default=64.0,
                    help="refuse new sessions and uploads (server_busy) while the engine's recent steps take longer "
-                        "than this (median of the last 2 s; a step decodes 80 ms of audio for every stream); "
-                        "0 disables")
+                        "than this (median of the last 2 s; a step decodes 80 ms of audio for every stream), or "
+                        "would with the sessions admitted in the last 2 s (a burst); 0 disables")
     p.add_argument("--max-upload-minutes", type=_positive_float, default=60.0,
                    help="the most audio an upload may hold (decoded, it takes 230 MB of memory an hour)")
     p.add_argument("--max-pending-audio", type=_nonneg_float, default=2.0,

@@ -30,6 +30,7 @@ from realtime.config import ConfigError
 from realtime.serving import AdmissionError, TranscriptionEngine
 
 from . import auth
+from .admission import LoadAdmission
 from .client_secrets import ClientSecrets, EphemeralGrant, is_ephemeral
 from .connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN_LATER, Connection, ServerContext, wants_openai
 from .engine_stream import EngineStream
@@ -64,6 +65,7 @@ class StreamServer:
         self.http_jobs: set[HttpAwareConnection] = set()  # file transcriptions running (they count as sessions)
         self.client_secrets = ClientSecrets(settings.api_keys)
         self._sessions_of: Counter[str] = Counter()  # open sessions per client (`_client_of`)
+        self._load = LoadAdmission(settings.max_step_ms)  # --max-step-ms, with the sessions admitted just now
         self._server: Server | None = None
         self._stats_task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -295,12 +297,13 @@ class StreamServer:
         if self.settings.auth_enabled and self._http_key_index(request) is None:
             self.metrics.rejected.inc("unauthorized")
             return HttpError(401, "invalid_api_key", "Missing or invalid API key")
-        refusal = self._http_refusal(self._http_client(request, conn))
+        # the upload is admitted (and counted for load admission) only after its body, by the check below
+        refusal = self._http_refusal(self._http_client(request, conn), admit=False)
         if refusal is not None:
             self.metrics.rejected.inc(refusal.code)
         return refusal
 
-    def _http_refusal(self, client: str) -> HttpError | None:
+    def _http_refusal(self, client: str, *, admit: bool) -> HttpError | None:
         if self.draining or self._stopped:
             return HttpError(503, "server_shutting_down", "The server is shutting down and takes no new requests; "
                              "try another instance or again later")
@@ -314,27 +317,22 @@ class StreamServer:
         if quota and self._sessions_of[client] >= quota:
             return HttpError(429, "too_many_sessions", f"This client ({client}) already has {quota} sessions open, "
                              "the most one client may hold; try again later")
-        busy = self._engine_busy()
+        busy = self._engine_busy(admit=admit)
         if busy is not None:
             return HttpError(503, "server_busy", busy)
         return None
 
-    def _engine_busy(self) -> str | None:
-        """Why one more session or upload would overload the engine, or None. Its steps decode 80 ms of audio for
-        every stream; while they take longer than --max-step-ms (the median of the last 2 s), one more stream would
-        slow every live one further. Load the engine cannot report never refuses anyone."""
-        limit = self.settings.max_step_ms
-        if not limit:
+    def _engine_busy(self, *, admit: bool = True) -> str | None:
+        """Why one more session or upload would overload the engine (admission.LoadAdmission), or None, which with
+        `admit` also counts it as admitted. Load the engine cannot report never refuses anyone."""
+        if not self.settings.max_step_ms:
             return None
         try:
-            recent_ms = self.engine.stats().recent_step_seconds * 1000
+            stats = self.engine.stats()
         except Exception:  # /health reports a failing engine; admission does not guess
             logger.exception("engine.stats() failed")
             return None
-        if recent_ms <= limit:
-            return None
-        return (f"The engine is at capacity: its steps take {recent_ms:.0f} ms for each 80 ms of audio (median of the "
-                f"last 2 s; the limit is {limit:g} ms, --max-step-ms); try again later")
+        return self._load.refusal(stats, time.monotonic(), admit=admit, open_sessions=self._sessions_open())
 
     def _http_key_index(self, request: HttpRequest) -> int | None:
         """Which API key an HTTP request carries (Bearer header or ?api_key=)."""
@@ -365,7 +363,7 @@ class StreamServer:
                                       "Access-Control-Max-Age": "600"})
             return
         client = self._http_client(request, conn)
-        refusal = self._http_refusal(client)  # again: the body took time to arrive
+        refusal = self._http_refusal(client, admit=True)  # again: the body took time to arrive
         if refusal is not None:
             self.metrics.rejected.inc(refusal.code)
             reply.fail(refusal.status, refusal.code, refusal.message)
@@ -454,7 +452,8 @@ class StreamServer:
             self.metrics.record_engine_stats(stats)
             engine: dict[str, Any] = {"active_streams": stats.active_streams, "max_streams": stats.max_streams,
                                       "steps": stats.steps,
-                                      "recent_step_ms": round(stats.recent_step_seconds * 1000, 3)}
+                                      "recent_step_ms": round(stats.recent_step_seconds * 1000, 3),
+                                      "recent_step_streams": stats.recent_step_streams}
             status = "stopping" if self._stopped else "draining" if self.draining else "ok"
         except Exception as exc:  # an engine that cannot even report is not healthy
             engine, status = {"error": f"{type(exc).__name__}: {exc}"}, "error"

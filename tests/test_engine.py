@@ -437,6 +437,42 @@ def test_recent_steps_is_the_median_of_the_last_window():
     for i in range(6):
         r.add(0.001 * i, 10.0)
     assert r.median(10.0) == 0.0035  # the newest 4 only
+    r = RecentSteps(window_s=2.0)
+    assert r.median_streams(0.0) == 0.0
+    for t, n in [(0.0, 1), (0.5, 8), (1.0, 3), (1.5, 4)]:
+        r.add(0.01, t, streams=n)
+    assert r.median_streams(1.5) == 3.5 and r.median_streams(2.2) == 4.0  # the 1-stream step left the window
+    assert r.median_streams(4.0) == 0.0
+
+
+
+def test_recent_steps_fit_a_line_to_the_step_cost():
+    """RecentSteps.cost_line: fixed + per stream x streams over the median step of each batch size; none from fewer
+    than three batch sizes; a host pause does not tilt it; clamped at 0; refitted every REFIT steps."""
+    from realtime.serving import RecentSteps
+
+    r = RecentSteps()
+    for n in (1, 4):
+        for _ in range(5):
+            r.add(0.004 + 0.0005 * n, 0.0, streams=n)
+    assert r.cost_line() == (0.0, 0.0)  # two batch sizes only
+    r = RecentSteps()
+    for n in (1, 2, 4, 8, 16):
+        for _ in range(5):
+            r.add(0.004 + 0.0005 * n, 0.0, streams=n)
+    r.add(0.9, 0.0, streams=16)  # a host pause
+    fixed, per = r.cost_line()
+    assert abs(fixed - 0.004) < 1e-9 and abs(per - 0.0005) < 1e-9
+    for _ in range(RecentSteps.REFIT - 1):
+        r.add(1.0, 0.0, streams=1)  # a slower batch of one: not refitted yet
+    assert r.cost_line() == (fixed, per)
+    r.add(1.0, 0.0, streams=1)
+    assert r.cost_line() != (fixed, per)
+    falling = RecentSteps()
+    for n in (1, 2, 3):
+        for _ in range(2):
+            falling.add(0.01 / n, 0.0, streams=n)
+    assert falling.cost_line()[1] == 0.0 and falling.cost_line()[0] > 0  # never a negative cost
 
 
 def test_engine_reports_its_recent_step_time(tiny_ckpt):
@@ -447,11 +483,12 @@ def test_engine_reports_its_recent_step_time(tiny_ckpt):
     path = tiny_ckpt(seed=2)
     model, _ = load_model(path)
     eng = BatchedEngine(model, load_tokenizer(path), opts=RunnerOptions(max_streams=2, max_batch=2))
-    assert eng.stats().recent_step_seconds == 0.0
-    run_engine_offline(eng, [synthetic_audio(1.0, seed=1)])
+    assert eng.stats().recent_step_seconds == 0.0 and eng.stats().recent_step_streams == 0.0
+    run_engine_offline(eng, [synthetic_audio(1.0, seed=1), synthetic_audio(1.0, seed=2)])
     st = eng.stats()
     recent = st.step_seconds[-min(len(st.step_seconds), 512):]
     assert 0 < st.recent_step_seconds <= max(recent) and st.recent_step_seconds >= min(recent)
+    assert st.recent_step_streams == 2.0  # both streams decoded in (nearly) every step
 
 
 def test_collected_then_no_gc_guard():

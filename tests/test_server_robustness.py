@@ -314,16 +314,20 @@ async def test_server_full_is_explicit_then_recovers(start_server, reference):
 
 
 class LoadedEngine:
-    """The real engine, reporting a load of `recent_ms` per step (`EngineStats.recent_step_seconds`)."""
+    """The real engine, reporting a load of `recent_ms` per step for `streams` streams (`EngineStats.
+    recent_step_seconds`, `.recent_step_streams`; 0 streams: no per-stream cost to foresee bursts with) and no
+    fitted step cost."""
 
-    def __init__(self, inner, recent_ms: float) -> None:
-        self.inner, self.recent_ms = inner, recent_ms
+    def __init__(self, inner, recent_ms: float, streams: float = 0.0) -> None:
+        self.inner, self.recent_ms, self.streams = inner, recent_ms, streams
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
     def stats(self):
-        return dataclasses.replace(self.inner.stats(), recent_step_seconds=self.recent_ms / 1000)
+        return dataclasses.replace(self.inner.stats(), recent_step_seconds=self.recent_ms / 1000,
+                                   recent_step_streams=self.streams, step_fixed_seconds=0.0,
+                                   step_seconds_per_stream=0.0)  # no fitted line: the ratio decides
 
 
 async def test_an_engine_at_capacity_refuses_new_sessions_and_uploads_then_recovers(start_server, engine, reference,
@@ -350,6 +354,7 @@ async def test_an_engine_at_capacity_refuses_new_sessions_and_uploads_then_recov
     assert refused.value.status == 503 and refused.value.code == "server_busy"
     status, _, body = http_get(f"{srv.http_url}/health")
     assert status == 200 and json.loads(body)["engine"]["recent_step_ms"] == 90.0
+    assert json.loads(body)["engine"]["recent_step_streams"] == 0.0
     assert await utterance_vllm(open_before, SHORT) == reference(SHORT)  # an open session is never cut
     await open_before.close()
     _, _, body = http_get(f"{srv.http_url}/metrics")
@@ -363,6 +368,46 @@ async def test_an_engine_at_capacity_refuses_new_sessions_and_uploads_then_recov
     args = build_parser().parse_args([])
     assert settings_from_args(args, env={}).max_step_ms == 64.0
     assert settings_from_args(build_parser().parse_args(["--max-step-ms", "0"]), env={}).max_step_ms == 0
+
+
+async def test_a_burst_of_sessions_is_admitted_only_as_far_as_the_engine_can_carry_it(start_server, engine, reference,
+                                                                                      tmp_path):
+    """Sessions that connect at once are all admitted against the same recent load, which does not show them yet:
+    admission foresees the step with every session admitted in the last window. At 5 ms a stream for 4 streams and
+    --max-step-ms 64, 8 more fit: of 12 connecting at once, 8 are taken and 4 get `server_busy` (close 1013). An
+    upload counts once (checked at its head, admitted after its body): with room for one, it is taken. The admitted
+    sessions work."""
+    from realtime.serving import LOAD_WINDOW_S
+
+    loaded = LoadedEngine(engine, recent_ms=55.0, streams=11)  # 5 ms a stream: room for one more (60 ms)
+    srv = start_server(engine_override=loaded, max_step_ms=64.0)
+    sf.write(tmp_path / "short.wav", SHORT, 16000, subtype="PCM_16")
+    assert (await asyncio.to_thread(upload_file, srv.http_url, tmp_path / "short.wav")).text == reference(SHORT).strip()
+    loaded.recent_ms, loaded.streams = 20.0, 4
+    await asyncio.sleep(LOAD_WINDOW_S + 0.2)  # the upload has left the window
+
+    async def attempt():
+        c = await connect(srv.ws_url)
+        first = await recv_json(c)
+        return c, first
+
+    tries = await asyncio.gather(*(attempt() for _ in range(12)))
+    taken = [c for c, first in tries if first["type"] == "session.created"]
+    refused = [(c, first) for c, first in tries if first["type"] == "error"]
+    assert len(taken) == 8 and len(refused) == 4
+    for c, err in refused:
+        assert err["code"] == "server_busy" and "near capacity" in err["error"]
+        with pytest.raises(ConnectionClosed) as info:
+            await asyncio.wait_for(c.recv(), 5)
+        assert info.value.rcvd.code == 1013
+    for c in taken:
+        await send_json(c, {"type": "session.update", "model": MODEL})
+        assert (await recv_json(c))["type"] == "session.updated"
+    assert await utterance_vllm(taken[0], SHORT) == reference(SHORT)
+    for c in taken:
+        await c.close()
+    await asyncio.sleep(LOAD_WINDOW_S + 0.2)  # the burst has left the window: the engine's figures speak again
+    assert await fresh_vllm_utterance(srv.ws_url, SHORT) == reference(SHORT)
 
 
 async def test_sessions_per_client_are_capped_per_key(start_server, reference):

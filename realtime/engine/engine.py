@@ -201,7 +201,9 @@ class BatchedEngine:
         with self._lock:
             st = EngineStats(sum(1 for c in self._controls.values() if not c.closed), self.opts.max_streams,
                              self._stats.steps, list(self._stats.step_seconds), self._stats.tokens_emitted,
-                             recent_step_seconds=self._recent.median(time.monotonic()))
+                             recent_step_seconds=self._recent.median(time.monotonic()),
+                             recent_step_streams=self._recent.median_streams(time.monotonic()))
+            st.step_fixed_seconds, st.step_seconds_per_stream = self._recent.cost_line()
             if self.speculator is not None:
                 m = self.speculator.metrics
                 st.spec_rounds, st.spec_drafted, st.spec_accepted = m.rounds, m.drafted, m.accepted
@@ -348,7 +350,7 @@ class BatchedEngine:
             self._stats.steps += 1
             self._stats.step_seconds.append(dt)
             del self._stats.step_seconds[:-4096]
-            self._recent.add(dt, time.monotonic())
+            self._recent.add(dt, time.monotonic(), len(plan.decode))
             self._stats.tokens_emitted += n_emitted
         for s in plan.decode:
             if s.is_finished() and not s.done:
