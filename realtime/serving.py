@@ -131,21 +131,20 @@ class RecentSteps:
         return self._line
 
     def fit_cost_line(self, min_sizes: int = 3, min_each: int = 2) -> tuple[float, float]:
-        """(fixed seconds, seconds per stream) of a step: least squares over the median step of each batch size among
-        the last `history` steps (medians, so that a pause of the host does not tilt it), both clamped at 0. (0.0,
-        0.0) while fewer than `min_sizes` batch sizes have `min_each` steps: a line through fewer follows noise."""
+        """(fixed seconds, seconds per stream) of a step: a Theil-Sen line (the median of the slopes between every two
+        points, then the median intercept) through the median step of each batch size among the last `history` steps,
+        both clamped at 0. Medians twice over, so that neither a pause of the host nor one odd batch size tilts it.
+        (0.0, 0.0) while fewer than `min_sizes` batch sizes have `min_each` steps: a line through fewer follows
+        noise."""
         by_size: dict[int, list[float]] = {}
         for n, sec in self._history:
             by_size.setdefault(n, []).append(sec)
         points = [(n, statistics.median(v)) for n, v in by_size.items() if len(v) >= min_each]
         if len(points) < min_sizes:
             return 0.0, 0.0
-        mean_n = sum(n for n, _ in points) / len(points)
-        mean_s = sum(t for _, t in points) / len(points)
-        var = sum((n - mean_n) ** 2 for n, _ in points)
-        slope = sum((n - mean_n) * (t - mean_s) for n, t in points) / var
-        slope = max(slope, 0.0)
-        return max(mean_s - slope * mean_n, 0.0), slope
+        slope = max(statistics.median((tj - ti) / (nj - ni) for k, (ni, ti) in enumerate(points)
+                                      for nj, tj in points[k + 1:]), 0.0)
+        return max(statistics.median(t - slope * n for n, t in points), 0.0), slope
 
     def _prune(self, now: float) -> None:
         while self._steps and self._steps[0][0] < now - self.window_s:

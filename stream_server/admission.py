@@ -5,14 +5,13 @@ streams fall behind. The engine reports the median step of its last 2 s and how 
 (`EngineStats.recent_step_seconds`, `.recent_step_streams`). That figure lags: sessions admitted in the last 2 s may
 not be decoding yet, so a burst that connects at once would all be admitted against the load from before it.
 So this foresees the step with them: the recent step plus what one stream adds to a step, times those admitted
-within the window and the new one.
+within the window (and still open) and the new one.
 
-What one stream adds is the slope of the engine's fitted step cost (`EngineStats.step_seconds_per_stream`: a line
-over the median step of each batch size it ran). Until steps of enough batch sizes ran there is no line, and the
-recent step divided by its streams stands in: it also counts the step's fixed cost, so it overestimates (much, on a
-GPU at small batches), and a burst onto a lightly loaded engine is then admitted in waves, one per window (the
-refused get `server_busy`, "try again shortly"). Both are remembered while the engine idles. A server that has never
-decoded knows no cost and admits everyone, as before this existed.
+What one stream adds is the slope of the engine's fitted step cost (`EngineStats.step_seconds_per_stream`: a robust
+line through the median step of each batch size it ran), remembered while the engine idles. Until steps of enough
+batch sizes ran there is no line and nothing is foreseen: a server that has not yet decoded admits a first burst
+whole, as before this existed. The recent step divided by its streams would be known sooner, but it also counts the
+step's fixed cost: on the 2-core CPU box it refused 8 of 12 streams starting on a cold server, which carries 28.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ class LoadAdmission:
     limit_ms: float  # --max-step-ms; 0 admits everyone
     window_s: float = LOAD_WINDOW_S
     _admitted: deque[float] = field(default_factory=deque)  # admission times within the window
-    _ms_per_stream: float = 0.0  # the last known cost one stream adds to a step; 0.0 = never seen one decode
-    _ms_fixed: float = 0.0  # the fitted step's fixed cost (0.0 without a fit): an idle engine's step
+    _ms_per_stream: float = 0.0  # the last fitted cost one stream adds to a step; 0.0 = no line yet
+    _ms_fixed: float = 0.0  # the fitted step's fixed cost: an idle engine's step
 
     def admitted_recently(self, now: float) -> int:
         while self._admitted and self._admitted[0] < now - self.window_s:
@@ -50,8 +49,6 @@ class LoadAdmission:
                     f"the last {self.window_s:g} s; the limit is {self.limit_ms:g} ms, --max-step-ms); try again later")
         if stats.step_seconds_per_stream > 0:  # the fitted line
             self._ms_fixed, self._ms_per_stream = stats.step_fixed_seconds * 1000, stats.step_seconds_per_stream * 1000
-        elif streams > 0 and recent_ms > 0:  # no line yet: the recent ratio, fixed cost included
-            self._ms_fixed, self._ms_per_stream = 0.0, recent_ms / streams
         pending = self.admitted_recently(now)
         if open_sessions is not None:
             pending = min(pending, open_sessions)

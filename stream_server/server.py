@@ -453,7 +453,10 @@ class StreamServer:
             engine: dict[str, Any] = {"active_streams": stats.active_streams, "max_streams": stats.max_streams,
                                       "steps": stats.steps,
                                       "recent_step_ms": round(stats.recent_step_seconds * 1000, 3),
-                                      "recent_step_streams": stats.recent_step_streams}
+                                      "recent_step_streams": stats.recent_step_streams,
+                                      # the fitted step cost that admission foresees bursts with (0, 0: none yet)
+                                      "step_cost_ms": {"fixed": round(stats.step_fixed_seconds * 1000, 3),
+                                                       "per_stream": round(stats.step_seconds_per_stream * 1000, 4)}}
             status = "stopping" if self._stopped else "draining" if self.draining else "ok"
         except Exception as exc:  # an engine that cannot even report is not healthy
             engine, status = {"error": f"{type(exc).__name__}: {exc}"}, "error"

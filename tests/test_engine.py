@@ -447,8 +447,9 @@ def test_recent_steps_is_the_median_of_the_last_window():
 
 
 def test_recent_steps_fit_a_line_to_the_step_cost():
-    """RecentSteps.cost_line: fixed + per stream x streams over the median step of each batch size; none from fewer
-    than three batch sizes; a host pause does not tilt it; clamped at 0; refitted every REFIT steps."""
+    """RecentSteps.cost_line: fixed + per stream x streams through the median step of each batch size; none from
+    fewer than three batch sizes; neither a host pause nor one odd batch size tilts it; clamped at 0; refitted every
+    REFIT steps."""
     from realtime.serving import RecentSteps
 
     r = RecentSteps()
@@ -461,13 +462,18 @@ def test_recent_steps_fit_a_line_to_the_step_cost():
         for _ in range(5):
             r.add(0.004 + 0.0005 * n, 0.0, streams=n)
     r.add(0.9, 0.0, streams=16)  # a host pause
+    r.add(0.5, 0.0, streams=3)
+    r.add(0.5, 0.0, streams=3)  # an odd batch size
     fixed, per = r.cost_line()
     assert abs(fixed - 0.004) < 1e-9 and abs(per - 0.0005) < 1e-9
-    for _ in range(RecentSteps.REFIT - 1):
-        r.add(1.0, 0.0, streams=1)  # a slower batch of one: not refitted yet
-    assert r.cost_line() == (fixed, per)
-    r.add(1.0, 0.0, streams=1)
-    assert r.cost_line() != (fixed, per)
+    for n in (1, 2, 4, 8, 16):  # every batch size turns out dearer per stream: 30 steps, not refitted yet
+        for _ in range(6):
+            r.add(0.004 + 0.002 * n, 0.0, streams=n)
+    assert r.cost_line() == (fixed, per) and RecentSteps.REFIT == 32
+    r.add(0.004 + 0.002 * 16, 0.0, streams=16)
+    r.add(0.004 + 0.002 * 16, 0.0, streams=16)
+    fixed, per = r.cost_line()
+    assert abs(fixed - 0.004) < 1e-9 and abs(per - 0.002) < 1e-9
     falling = RecentSteps()
     for n in (1, 2, 3):
         for _ in range(2):

@@ -315,19 +315,19 @@ async def test_server_full_is_explicit_then_recovers(start_server, reference):
 
 class LoadedEngine:
     """The real engine, reporting a load of `recent_ms` per step for `streams` streams (`EngineStats.
-    recent_step_seconds`, `.recent_step_streams`; 0 streams: no per-stream cost to foresee bursts with) and no
-    fitted step cost."""
+    recent_step_seconds`, `.recent_step_streams`) and a fitted step cost of `line_ms` (fixed, per stream; (0, 0):
+    none, so nothing is foreseen)."""
 
-    def __init__(self, inner, recent_ms: float, streams: float = 0.0) -> None:
-        self.inner, self.recent_ms, self.streams = inner, recent_ms, streams
+    def __init__(self, inner, recent_ms: float, streams: float = 0.0, line_ms: tuple[float, float] = (0.0, 0.0)):
+        self.inner, self.recent_ms, self.streams, self.line_ms = inner, recent_ms, streams, line_ms
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
     def stats(self):
         return dataclasses.replace(self.inner.stats(), recent_step_seconds=self.recent_ms / 1000,
-                                   recent_step_streams=self.streams, step_fixed_seconds=0.0,
-                                   step_seconds_per_stream=0.0)  # no fitted line: the ratio decides
+                                   recent_step_streams=self.streams, step_fixed_seconds=self.line_ms[0] / 1000,
+                                   step_seconds_per_stream=self.line_ms[1] / 1000)
 
 
 async def test_an_engine_at_capacity_refuses_new_sessions_and_uploads_then_recovers(start_server, engine, reference,
@@ -373,13 +373,13 @@ async def test_an_engine_at_capacity_refuses_new_sessions_and_uploads_then_recov
 async def test_a_burst_of_sessions_is_admitted_only_as_far_as_the_engine_can_carry_it(start_server, engine, reference,
                                                                                       tmp_path):
     """Sessions that connect at once are all admitted against the same recent load, which does not show them yet:
-    admission foresees the step with every session admitted in the last window. At 5 ms a stream for 4 streams and
-    --max-step-ms 64, 8 more fit: of 12 connecting at once, 8 are taken and 4 get `server_busy` (close 1013). An
+    admission foresees the step with every session admitted in the last window. At 20 ms a step, 5 ms more a stream
+    and --max-step-ms 64, 8 more fit: of 12 connecting at once, 8 are taken and 4 get `server_busy` (close 1013). An
     upload counts once (checked at its head, admitted after its body): with room for one, it is taken. The admitted
     sessions work."""
     from realtime.serving import LOAD_WINDOW_S
 
-    loaded = LoadedEngine(engine, recent_ms=55.0, streams=11)  # 5 ms a stream: room for one more (60 ms)
+    loaded = LoadedEngine(engine, recent_ms=55.0, streams=11, line_ms=(0.0, 5.0))  # room for one more (60 ms)
     srv = start_server(engine_override=loaded, max_step_ms=64.0)
     sf.write(tmp_path / "short.wav", SHORT, 16000, subtype="PCM_16")
     assert (await asyncio.to_thread(upload_file, srv.http_url, tmp_path / "short.wav")).text == reference(SHORT).strip()
