@@ -11,6 +11,9 @@
 #      ps_mb9 and the seed-8 evaluation shards ps_ev;
 #   5. the two carries of a continuation from the shipped weights: .stage1/ (the shipped model, for
 #      benchmarks/gpu_stage.sh) and .train_full/ (for benchmarks/gpu_train_full.sh), listed in .git/info/exclude.
+#   6. with KOKORO_EN=1 (thirty-ninth session, 40 more minutes): Kokoro's npm speakers (realtime/train/kokoro_js.py,
+#      needs Debian's npm) as two parts in .stage1/, ps_ke52 (2.94 h) and ps_ke53 (1.43 h): the 24 English and 21
+#      accented training speakers, the parts the thirty-ninth session made for its (unrun) training call.
 # 17 minutes on the 2-core box with .venv and the CI's packages already there (ps_rh's RHVoice alignment is 11 of
 # them); a bare machine adds about 5 for the packages and 4 for .venv. A part whose index.json exists is kept.
 #   bash benchmarks/rebuild_training_parts.sh [WORK_DIR]     (WORK_DIR: where the parts are built; /tmp/parts)
@@ -80,6 +83,18 @@ for p in ps_A ps_B ps_rh ps_mb9 ps_ev; do  # the Opus bytes each part's index.js
   $PY -c "import json, sys; i = json.load(open(sys.argv[1])); print(sys.argv[2], i.get('bytes'), 'bytes,', i.get('shards'), 'shards')" \
     "$work/$p/index.json" "$p"
 done
+if [ "${KOKORO_EN:-0}" = 1 ]; then
+  log "6. Kokoro's npm speakers: ps_ke52, ps_ke53 in .stage1"
+  command -v npm > /dev/null || apt-get install -y --no-install-recommends npm
+  $PY -m realtime.train.kokoro_js
+  voices=$($PY -c "from realtime.train.voices import KOKORO_EN_TRAIN, KOKORO_OTHER_TRAIN as O; print(*KOKORO_EN_TRAIN, *O)")
+  for part in "52 2.5" "53 1.2"; do
+    set -- $part
+    [ -f "$work/ps_ke$1/index.json" ] || $PY -m realtime.train.presynth pack --corpus "$C" --out "$work/ps_ke$1" \
+      --level 0.98 --seed "$1" --hours "$2" --workers 2 --voices $voices
+    rm -rf ".stage1/ps_ke$1" && cp -r "$work/ps_ke$1" .stage1/
+  done
+fi
 du -sh .stage1 .train_full
 log "done: with docs/ and models/ moved out of the tree, carry .stage1 (bash benchmarks/gpu_stage.sh), then" \
     ".train_full (OUT=\$OUT bash benchmarks/gpu_train_full.sh SEED DROPOUT MINUTES [LR]) within 30 s"
