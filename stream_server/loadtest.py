@@ -108,6 +108,10 @@ class ClientConfig:
     final_timeout_s: float = 60.0
     connect_timeout_s: float = 15.0
     ca_file: str | None = None  # wss:// / https://: trust this PEM (a self-signed server) instead of the system's CAs
+    # a stream refused for room (REJECT_CODES) connects again after this many seconds, as a production client would,
+    # for at most `retry_for_s` after its first try; 0: a refused stream stays refused
+    retry_busy_s: float = 0.0
+    retry_for_s: float = 30.0
 
 
 def client_tls(ca_file: str | None) -> dict[str, Any]:
@@ -214,6 +218,7 @@ class StreamResult:
     ttft_ms: float | None = None
     final_ms: float | None = None
     send_lag_ms: float = 0.0  # worst lateness of an append against its schedule
+    retries: int = 0  # refusals it connected again after (ClientConfig.retry_busy_s)
 
 
 @dataclass
@@ -242,6 +247,21 @@ def _is_rejection(exc: BaseException) -> bool:
         return True
     rcvd = getattr(exc, "rcvd", None)
     return rcvd is not None and rcvd.code == 1013
+
+
+async def run_stream_retrying(cfg: ClientConfig, pcm: np.ndarray, index: int, start_at: float,
+                              clock: Callable[[], float] = time.perf_counter) -> StreamResult:
+    """`run_stream`, connecting again after a refusal for room (server_busy, server_full...) every
+    `cfg.retry_busy_s` for at most `cfg.retry_for_s`: the result of the last try, with its retries counted."""
+    deadline, retries = start_at + cfg.retry_for_s, 0
+    while True:
+        res = await run_stream(cfg, pcm, index, start_at, clock)
+        if not (res.rejected and cfg.retry_busy_s > 0) or clock() + cfg.retry_busy_s > deadline:
+            res.retries = retries
+            return res
+        retries += 1
+        await asyncio.sleep(cfg.retry_busy_s)
+        start_at = clock()
 
 
 async def run_stream(cfg: ClientConfig, pcm: np.ndarray, index: int, start_at: float,
@@ -398,7 +418,8 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 class LevelSummary:
     streams: int
     completed: int = 0
-    rejected: int = 0
+    rejected: int = 0  # streams never admitted (after their retries, with --retry-busy)
+    retries: int = 0  # refusals that a stream connected again after (--retry-busy)
     errors: int = 0  # streams with an error (rejections included)
     tokens: int = 0
     delay_samples: int = 0
@@ -430,6 +451,7 @@ def summarize(results: Sequence[StreamResult], wall_s: float, slo_ms: float) -> 
         streams=len(results),
         completed=sum(r.completed for r in results),
         rejected=sum(r.rejected for r in results),
+        retries=sum(r.retries for r in results),
         errors=sum(bool(r.errors) for r in results),
         tokens=sum(r.tokens for r in results),
         delay_samples=len(delays),
@@ -526,7 +548,7 @@ async def run_level(cfg: ClientConfig, audios: Sequence[np.ndarray], n: int, *, 
                     stagger_ms: float = 0.0, progress_s: float = 5.0) -> LevelResult:
     """N streams at once (starts spread over `stagger_ms` so clients do not move in lockstep)."""
     t0 = time.perf_counter() + 0.05
-    tasks = [asyncio.create_task(run_stream(cfg, audios[i], i, start_time(t0, stagger_ms, i, n)))
+    tasks = [asyncio.create_task(run_stream_retrying(cfg, audios[i], i, start_time(t0, stagger_ms, i, n)))
              for i in range(n)]
     longest = max(len(a) for a in audios[:n]) / RATE / cfg.rate
 
@@ -559,7 +581,7 @@ def _run_shard(cfg: ClientConfig, paths: tuple[str, ...], duration_s: float | No
 
     async def shard() -> list[StreamResult]:
         return list(await asyncio.gather(*(
-            run_stream(cfg, stream_audio(files, i, duration_s), i, start_time(t0, stagger_ms, i, n))
+            run_stream_retrying(cfg, stream_audio(files, i, duration_s), i, start_time(t0, stagger_ms, i, n))
             for i in indices)))
 
     return asyncio.run(shard())
@@ -782,6 +804,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--chunk-ms", type=int, default=80, help="audio per append message")
     ap.add_argument("--stagger-ms", type=float, default=500.0, help="spread stream starts over this long")
     ap.add_argument("--final-timeout", type=float, default=60.0, help="max wait for the final transcript (s)")
+    ap.add_argument("--retry-busy", type=float, default=0.0, metavar="S",
+                    help="a stream refused for room (server_busy, server_full, ...) connects again after S seconds, "
+                         "for at most --retry-for seconds; 0 (default): it stays refused")
+    ap.add_argument("--retry-for", type=float, default=30.0, help="how long a refused stream keeps retrying (s)")
     ap.add_argument("--max-time", type=float, default=3600.0, help="stop the ramp/search after this long (s)")
     ap.add_argument("--processes", type=int, default=1,
                     help="client processes sharing each level's streams (one process holds a few hundred "
@@ -820,6 +846,7 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[LevelResul
     model = args.model if args.model is not None else fetch_model(args.url, args.api_key, ca_file=args.ca_file)
     cfg = ClientConfig(url=args.url, dialect=args.dialect, model=model, api_key=args.api_key,
                        delay_ms=args.delay_ms, chunk_ms=args.chunk_ms, rate=args.rate,
+                       retry_busy_s=args.retry_busy, retry_for_s=args.retry_for,
                        final_timeout_s=args.final_timeout, ca_file=args.ca_file)
     files = [load_pcm16(f) for f in args.files]
     levels: list[LevelResult] = []
@@ -848,8 +875,8 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[LevelResul
             level.uploads = await uploads.stop()
         levels.append(level)
         s = level.summary
-        logger.info("%d streams: p99 %s ms, %d errors, %d rejected -> %s", n,
-                    "-" if s.delay_p99_ms is None else f"{s.delay_p99_ms:.0f}", s.errors, s.rejected,
+        logger.info("%d streams: p99 %s ms, %d errors, %d rejected, %d retries -> %s", n,
+                    "-" if s.delay_p99_ms is None else f"{s.delay_p99_ms:.0f}", s.errors, s.rejected, s.retries,
                     "pass" if s.passes_slo else "fail")
         return s
 

@@ -65,7 +65,7 @@ class StreamServer:
         self.http_jobs: set[HttpAwareConnection] = set()  # file transcriptions running (they count as sessions)
         self.client_secrets = ClientSecrets(settings.api_keys)
         self._sessions_of: Counter[str] = Counter()  # open sessions per client (`_client_of`)
-        self._load = LoadAdmission(settings.max_step_ms)  # --max-step-ms, with the sessions admitted just now
+        self._load = LoadAdmission(settings.max_step_ms)  # --max-step-ms: the measured and the foreseen step
         self._server: Server | None = None
         self._stats_task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -297,13 +297,12 @@ class StreamServer:
         if self.settings.auth_enabled and self._http_key_index(request) is None:
             self.metrics.rejected.inc("unauthorized")
             return HttpError(401, "invalid_api_key", "Missing or invalid API key")
-        # the upload is admitted (and counted for load admission) only after its body, by the check below
-        refusal = self._http_refusal(self._http_client(request, conn), admit=False)
+        refusal = self._http_refusal(self._http_client(request, conn))
         if refusal is not None:
             self.metrics.rejected.inc(refusal.code)
         return refusal
 
-    def _http_refusal(self, client: str, *, admit: bool) -> HttpError | None:
+    def _http_refusal(self, client: str) -> HttpError | None:
         if self.draining or self._stopped:
             return HttpError(503, "server_shutting_down", "The server is shutting down and takes no new requests; "
                              "try another instance or again later")
@@ -317,14 +316,14 @@ class StreamServer:
         if quota and self._sessions_of[client] >= quota:
             return HttpError(429, "too_many_sessions", f"This client ({client}) already has {quota} sessions open, "
                              "the most one client may hold; try again later")
-        busy = self._engine_busy(admit=admit)
+        busy = self._engine_busy()
         if busy is not None:
             return HttpError(503, "server_busy", busy)
         return None
 
-    def _engine_busy(self, *, admit: bool = True) -> str | None:
-        """Why one more session or upload would overload the engine (admission.LoadAdmission), or None, which with
-        `admit` also counts it as admitted. Load the engine cannot report never refuses anyone."""
+    def _engine_busy(self) -> str | None:
+        """Why one more session or upload would overload the engine (admission.LoadAdmission), or None. Load the
+        engine cannot report never refuses anyone."""
         if not self.settings.max_step_ms:
             return None
         try:
@@ -332,7 +331,7 @@ class StreamServer:
         except Exception:  # /health reports a failing engine; admission does not guess
             logger.exception("engine.stats() failed")
             return None
-        return self._load.refusal(stats, time.monotonic(), admit=admit, open_sessions=self._sessions_open())
+        return self._load.refusal(stats, self._sessions_open())
 
     def _http_key_index(self, request: HttpRequest) -> int | None:
         """Which API key an HTTP request carries (Bearer header or ?api_key=)."""
@@ -363,7 +362,7 @@ class StreamServer:
                                       "Access-Control-Max-Age": "600"})
             return
         client = self._http_client(request, conn)
-        refusal = self._http_refusal(client, admit=True)  # again: the body took time to arrive
+        refusal = self._http_refusal(client)  # again: the body took time to arrive
         if refusal is not None:
             self.metrics.rejected.inc(refusal.code)
             reply.fail(refusal.status, refusal.code, refusal.message)

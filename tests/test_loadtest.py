@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Iterator
@@ -56,7 +57,7 @@ def reference_text(url: str, path: Path, dialect: str = "vllm") -> str:
 # Real runs
 # ---------------------------------------------------------------------------------------------
 SUMMARY_FIELDS = {
-    "streams", "completed", "rejected", "errors", "tokens", "delay_samples", "delay_p50_ms", "delay_p90_ms",
+    "streams", "completed", "rejected", "retries", "errors", "tokens", "delay_samples", "delay_p50_ms", "delay_p90_ms",
     "delay_p99_ms", "delay_max_ms", "ttft_p50_ms", "ttft_p99_ms", "final_p50_ms", "final_p99_ms",
     "send_lag_max_ms", "audio_s", "wall_s", "passes_slo",
 }
@@ -157,6 +158,24 @@ def test_rejections_are_counted(engine: TranscriptionEngine, short_wav: Path) ->
     assert not s.passes_slo
     rejected = [r for r in level.streams if r.rejected]
     assert all(any("server_full" in e for e in r.errors) for r in rejected)
+
+
+def test_refused_streams_retry_when_asked(engine: TranscriptionEngine, short_wav: Path) -> None:
+    """--retry-busy: a stream refused for room connects again until it is admitted (here, once the two streams
+    before it have finished), so all four complete and none counts as rejected; --retry-for bounds the waiting."""
+    settings = ServerSettings(host="127.0.0.1", port=0, max_sessions=2)
+    pcm = loadtest.load_pcm16(short_wav)
+    with ServerThread(settings, engine) as srv:
+        cfg = ClientConfig(url=srv.ws_url, model=MODEL, rate=2, retry_busy_s=0.2, retry_for_s=20.0)
+        level = asyncio.run(loadtest.run_level(cfg, [pcm] * 4, 4, slo_ms=5000))
+        s = level.summary
+        assert (s.streams, s.completed, s.rejected, s.errors) == (4, 4, 0, 0) and s.retries >= 2
+        assert sorted(r.retries > 0 for r in level.streams) == [False, False, True, True]
+        texts = {r.text for r in level.streams}
+        assert len(texts) == 1 and texts != {""}  # the retried streams transcribe like the others
+        brief = dataclasses.replace(cfg, retry_for_s=0.3)  # gives up before the first two finish
+        s = asyncio.run(loadtest.run_level(brief, [pcm] * 4, 4, slo_ms=5000)).summary
+        assert (s.completed, s.rejected) == (2, 2) and s.retries >= 2
 
 
 # ---------------------------------------------------------------------------------------------

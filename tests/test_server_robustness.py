@@ -373,41 +373,42 @@ async def test_an_engine_at_capacity_refuses_new_sessions_and_uploads_then_recov
 async def test_a_burst_of_sessions_is_admitted_only_as_far_as_the_engine_can_carry_it(start_server, engine, reference,
                                                                                       tmp_path):
     """Sessions that connect at once are all admitted against the same recent load, which does not show them yet:
-    admission foresees the step with every session admitted in the last window. At 20 ms a step, 5 ms more a stream
-    and --max-step-ms 64, 8 more fit: of 12 connecting at once, 8 are taken and 4 get `server_busy` (close 1013). An
-    upload counts once (checked at its head, admitted after its body): with room for one, it is taken. The admitted
-    sessions work."""
-    from realtime.serving import LOAD_WINDOW_S
-
-    loaded = LoadedEngine(engine, recent_ms=55.0, streams=11, line_ms=(0.0, 5.0))  # room for one more (60 ms)
+    admission foresees the step with every open session from the engine's fitted step cost. At 4 ms + 5 ms a stream
+    and --max-step-ms 64, 12 streams fit: of 13 connecting at once, 12 are taken and one gets `server_busy` (close
+    1013). An upload is one more stream: refused while 12 are open, taken once one has closed."""
+    loaded = LoadedEngine(engine, recent_ms=20.0, streams=4, line_ms=(4.0, 5.0))  # 4 + 5 x 12 = 64 ms
     srv = start_server(engine_override=loaded, max_step_ms=64.0)
     sf.write(tmp_path / "short.wav", SHORT, 16000, subtype="PCM_16")
-    assert (await asyncio.to_thread(upload_file, srv.http_url, tmp_path / "short.wav")).text == reference(SHORT).strip()
-    loaded.recent_ms, loaded.streams = 20.0, 4
-    await asyncio.sleep(LOAD_WINDOW_S + 0.2)  # the upload has left the window
 
     async def attempt():
         c = await connect(srv.ws_url)
         first = await recv_json(c)
         return c, first
 
-    tries = await asyncio.gather(*(attempt() for _ in range(12)))
+    tries = await asyncio.gather(*(attempt() for _ in range(13)))
     taken = [c for c, first in tries if first["type"] == "session.created"]
     refused = [(c, first) for c, first in tries if first["type"] == "error"]
-    assert len(taken) == 8 and len(refused) == 4
+    assert len(taken) == 12 and len(refused) == 1
     for c, err in refused:
-        assert err["code"] == "server_busy" and "near capacity" in err["error"]
+        assert err["code"] == "server_busy" and "near capacity" in err["error"] and "12 open sessions" in err["error"]
         with pytest.raises(ConnectionClosed) as info:
             await asyncio.wait_for(c.recv(), 5)
         assert info.value.rcvd.code == 1013
+    with pytest.raises(UploadError) as busy:  # an upload is one more stream too
+        await asyncio.to_thread(upload_file, srv.http_url, tmp_path / "short.wav")
+    assert busy.value.status == 503 and busy.value.code == "server_busy"
     for c in taken:
         await send_json(c, {"type": "session.update", "model": MODEL})
         assert (await recv_json(c))["type"] == "session.updated"
     assert await utterance_vllm(taken[0], SHORT) == reference(SHORT)
-    for c in taken:
+    await taken[1].close()
+    for _ in range(250):  # the closed session leaves the server's count once its handler has finished
+        if json.loads(http_get(f"{srv.http_url}/health")[2])["active_sessions"] == 11:
+            break
+        await asyncio.sleep(0.02)
+    assert (await asyncio.to_thread(upload_file, srv.http_url, tmp_path / "short.wav")).text == reference(SHORT).strip()
+    for c in taken[2:] + taken[:1]:
         await c.close()
-    await asyncio.sleep(LOAD_WINDOW_S + 0.2)  # the burst has left the window: the engine's figures speak again
-    assert await fresh_vllm_utterance(srv.ws_url, SHORT) == reference(SHORT)
 
 
 async def test_sessions_per_client_are_capped_per_key(start_server, reference):
