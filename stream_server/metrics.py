@@ -126,6 +126,11 @@ class Metrics:
         self.recent_step = Gauge("streamscribe_engine_recent_step_seconds",
                                  "Median duration of the engine's steps in the last 2 s (0: idle); new sessions are "
                                  "refused (server_busy) above --max-step-ms.")
+        self.step_cost_fixed = Gauge("streamscribe_engine_step_cost_fixed_seconds",
+                                     "A step's fixed cost, fitted to the engine's steps by batch size (0: no fit yet).")
+        self.step_cost_per_stream = Gauge("streamscribe_engine_step_cost_per_stream_seconds",
+                                          "What each stream adds to a step, fitted likewise; with the fixed cost, the "
+                                          "step admission foresees for the open sessions (--max-step-ms).")
         self.emission_delay = Histogram(
             "streamscribe_emission_delay_seconds",
             "Wall time from the arrival of the audio a delta covers (its audio_end_ms) to sending the delta.",
@@ -149,6 +154,8 @@ class Metrics:
         steps = getattr(stats, "steps", 0)
         self.engine_steps.set(steps)
         self.recent_step.set(getattr(stats, "recent_step_seconds", 0.0))
+        self.step_cost_fixed.set(getattr(stats, "step_fixed_seconds", 0.0))
+        self.step_cost_per_stream.set(getattr(stats, "step_seconds_per_stream", 0.0))
         recent = list(getattr(stats, "step_seconds", ()) or ())
         new = max(0, min(len(recent), steps - self._steps_seen))
         for s in recent[len(recent) - new:]:

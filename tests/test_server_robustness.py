@@ -401,6 +401,11 @@ async def test_a_burst_of_sessions_is_admitted_only_as_far_as_the_engine_can_car
         await send_json(c, {"type": "session.update", "model": MODEL})
         assert (await recv_json(c))["type"] == "session.updated"
     assert await utterance_vllm(taken[0], SHORT) == reference(SHORT)
+    health = json.loads(http_get(f"{srv.http_url}/health")[2])["engine"]
+    assert health["step_cost_ms"] == {"fixed": 4.0, "per_stream": 5.0}
+    metrics = http_get(f"{srv.http_url}/metrics")[2].decode()
+    assert "streamscribe_engine_step_cost_fixed_seconds 0.004" in metrics
+    assert "streamscribe_engine_step_cost_per_stream_seconds 0.005" in metrics
     await taken[1].close()
     for _ in range(250):  # the closed session leaves the server's count once its handler has finished
         if json.loads(http_get(f"{srv.http_url}/health")[2])["active_sessions"] == 11:
