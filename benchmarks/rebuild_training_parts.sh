@@ -11,9 +11,10 @@
 #      ps_mb9 and the seed-8 evaluation shards ps_ev;
 #   5. the two carries of a continuation from the shipped weights: .stage1/ (the shipped model, for
 #      benchmarks/gpu_stage.sh) and .train_full/ (for benchmarks/gpu_train_full.sh), listed in .git/info/exclude.
-#   6. with KOKORO_EN=1 (thirty-ninth session, 40 more minutes): Kokoro's npm speakers (realtime/train/kokoro_js.py,
-#      needs Debian's npm) as two parts in .stage1/, ps_ke52 (2.94 h) and ps_ke53 (1.43 h): the 24 English and 21
-#      accented training speakers, the parts the thirty-ninth session made for its (unrun) training call.
+#   6. with KOKORO_EN=1 (thirty-ninth session, about 75 more minutes): Kokoro's npm speakers
+#      (realtime/train/kokoro_js.py, needs Debian's npm), the 24 English and 21 accented training speakers, as the
+#      parts the thirty-ninth session made for its (unrun) training call: ps_ke52 (2.94 h) and ps_ke53 (1.43 h) in
+#      .stage1/, ps_ke54 (2.95 h) and ps_ke55 (1.41 h) in .stage2/ (a second staging call: STAGE=.stage2 APPEND=1).
 # 17 minutes on the 2-core box with .venv and the CI's packages already there (ps_rh's RHVoice alignment is 11 of
 # them); a bare machine adds about 5 for the packages and 4 for .venv. A part whose index.json exists is kept.
 #   bash benchmarks/rebuild_training_parts.sh [WORK_DIR]     (WORK_DIR: where the parts are built; /tmp/parts)
@@ -88,11 +89,13 @@ if [ "${KOKORO_EN:-0}" = 1 ]; then
   command -v npm > /dev/null || apt-get install -y --no-install-recommends npm
   $PY -m realtime.train.kokoro_js
   voices=$($PY -c "from realtime.train.voices import KOKORO_EN_TRAIN, KOKORO_OTHER_TRAIN as O; print(*KOKORO_EN_TRAIN, *O)")
-  for part in "52 2.5" "53 1.2"; do
+  mkdir -p .stage2
+  grep -qxF "/.stage2/" .git/info/exclude || echo "/.stage2/" >> .git/info/exclude
+  for part in "52 2.5 .stage1" "53 1.2 .stage1" "54 2.5 .stage2" "55 1.2 .stage2"; do
     set -- $part
     [ -f "$work/ps_ke$1/index.json" ] || $PY -m realtime.train.presynth pack --corpus "$C" --out "$work/ps_ke$1" \
       --level 0.98 --seed "$1" --hours "$2" --workers 2 --voices $voices
-    rm -rf ".stage1/ps_ke$1" && cp -r "$work/ps_ke$1" .stage1/
+    rm -rf "$3/ps_ke$1" && cp -r "$work/ps_ke$1" "$3/"
   done
 fi
 du -sh .stage1 .train_full
