@@ -85,10 +85,10 @@ for p in ps_A ps_B ps_rh ps_mb9 ps_ev; do  # the Opus bytes each part's index.js
     "$work/$p/index.json" "$p"
 done
 if [ "${KOKORO_EN:-0}" = 1 ]; then
-  log "6. Kokoro's npm speakers: ps_ke52, ps_ke53 in .stage1"
+  log "6. Kokoro's npm speakers: ps_ke52, ps_ke53 in .stage1, ps_ke54, ps_ke55 in .stage2"
   command -v npm > /dev/null || apt-get install -y --no-install-recommends npm
   $PY -m realtime.train.kokoro_js
-  voices=$($PY -c "from realtime.train.voices import KOKORO_EN_TRAIN, KOKORO_OTHER_TRAIN as O; print(*KOKORO_EN_TRAIN, *O)")
+  voices=$($PY -c "from realtime.train.voices import KOKORO_NPM_TRAIN; print(*KOKORO_NPM_TRAIN)")
   mkdir -p .stage2
   grep -qxF "/.stage2/" .git/info/exclude || echo "/.stage2/" >> .git/info/exclude
   for part in "52 2.5 .stage1" "53 1.2 .stage1" "54 2.5 .stage2" "55 1.2 .stage2"; do

@@ -474,6 +474,12 @@ def test_recent_steps_fit_a_line_to_the_step_cost():
     r.add(0.004 + 0.002 * 16, 0.0, streams=16)
     fixed, per = r.cost_line()
     assert abs(fixed - 0.004) < 1e-9 and abs(per - 0.002) < 1e-9
+    many = RecentSteps()  # a GPU's many batch sizes: the fit reads at most max_points of them, evenly spread
+    for n in range(1, 10):
+        for _ in range(2):
+            many.add(0.001 * n if n in (1, 5, 9) else 1.0, 0.0, streams=n)
+    assert many.fit_cost_line(max_points=3) == (0.0, 0.001)  # sizes 1, 5 and 9 only: the line through them
+    assert many.fit_cost_line() != (0.0, 0.001)  # all nine: the others move it
     falling = RecentSteps()
     for n in (1, 2, 3):
         for _ in range(2):

@@ -27,6 +27,7 @@ from realtime.train.voices import (
     KOKORO_EN_TRAIN,
     KOKORO_EVAL,
     KOKORO_EXTENDED,
+    KOKORO_NPM_TRAIN,
     KOKORO_OTHER_TRAIN,
     KOKORO_TRAIN,
     available,
@@ -69,6 +70,7 @@ def test_npm_speakers_train_in_two_groups_and_four_english_ones_are_never_traine
     npm = [v for v in train_v if v.engine == "kokoro" and v.base in kokoro_js.SPEAKERS]
     assert set(kokoro_js.SPEAKERS) == set(ALL_SPEAKERS) - set(SPEAKERS) and len(kokoro_js.SPEAKERS) == 49
     assert sorted(v.base for v in npm) == sorted(KOKORO_EN_TRAIN + KOKORO_OTHER_TRAIN)
+    assert KOKORO_NPM_TRAIN == KOKORO_EN_TRAIN + KOKORO_OTHER_TRAIN
     assert len(KOKORO_EN_TRAIN) == 24 and len(KOKORO_OTHER_TRAIN) == 21 and len(KOKORO_EN_EVAL) == 4
     assert set(KOKORO_EN_TRAIN) | set(KOKORO_EN_EVAL) == set(kokoro_js.ENGLISH)
     assert {s[:2] for s in KOKORO_EN_EVAL} == {"af", "am", "bf", "bm"}  # one of each accent and sex
@@ -220,6 +222,8 @@ def test_npm_speakers_style_vectors_are_read_from_their_folder(synth, tmp_path, 
     british, timed = fresh.synthesize(KokoroVoice((("bm_lewis", 1.0),), language="en-gb-x-rp"), words)
     kumo, _ = fresh.synthesize(KokoroVoice((("jm_kumo", 1.0),)), words)
     assert [w.text for w in timed] == words and not np.array_equal(british[:4000], kumo[:4000])
+    us, _ = fresh.synthesize(KokoroVoice((("bm_lewis", 1.0),)), words)  # the same speaker reading US phonemes
+    assert british.size != us.size  # "bath", "rather": the voice's language reaches the phonemes it reads
     with pytest.raises(KokoroError, match="python -m realtime.train.kokoro_js"):
         fresh.synthesize(KokoroVoice((("af_heart", 1.0),)), words)
 

@@ -66,6 +66,7 @@ KOKORO_AWAY = (0.15, 0.45)
 KOKORO_EN_EVAL = ("af_sarah", "am_michael", "bf_emma", "bm_george")
 KOKORO_EN_TRAIN = tuple(s for s in KOKORO_JS_ENGLISH if s not in KOKORO_EN_EVAL)
 KOKORO_OTHER_TRAIN = KOKORO_JS_OTHER
+KOKORO_NPM_TRAIN = KOKORO_EN_TRAIN + KOKORO_OTHER_TRAIN  # every npm speaker a run trains on
 
 
 def voice_group(key: str) -> str:
@@ -99,28 +100,20 @@ class VoiceSpec:
     def render(self, rng: np.random.Generator
                ) -> EspeakVoice | FliteVoice | FestivalVoice | RHVoiceVoice | PicoVoice | PiperVoice | KokoroVoice:
         speed = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))
-        if self.engine == "kokoro" and self.base in KOKORO_EN_TRAIN + KOKORO_OTHER_TRAIN:
-            # half the time a blend towards another speaker of its group, read in its own accent
-            group = KOKORO_EN_TRAIN if self.base in KOKORO_EN_TRAIN else KOKORO_OTHER_TRAIN
-            language = speaker_language(self.base)
-            if rng.random() < 0.5:
-                return KokoroVoice(((self.base, 1.0),), speed=speed, language=language)
-            others = [s for s in group if s != self.base]
-            weight = float(rng.uniform(0.5, 0.9))
-            other = others[int(rng.integers(len(others)))]
-            return KokoroVoice(((self.base, weight), (other, 1.0 - weight)), speed=speed, language=language)
-        if self.engine == "kokoro":  # Kokoro's own speed
+        if self.engine == "kokoro":  # Kokoro's own speed, the speaker's own accent
             own = self.base.removesuffix(KOKORO_EXTENDED)
-            others = [s for s in KOKORO_TRAIN if s != own]
+            group = next(g for g in (KOKORO_TRAIN, KOKORO_EN_TRAIN, KOKORO_OTHER_TRAIN) if own in g)
+            others = [s for s in group if s != own]
             if self.base != own:  # extended: the sound pushed away from another speaker, any speaker's style
                 away = (others[int(rng.integers(len(others)))], float(rng.uniform(*KOKORO_AWAY)))
-                style = KOKORO_TRAIN[int(rng.integers(len(KOKORO_TRAIN)))]
+                style = group[int(rng.integers(len(group)))]
                 return KokoroVoice(((own, 1.0),), speed=speed, prosody=((style, 1.0),), away=away)
-            if rng.random() < 0.5:  # half the time a blend towards another training speaker
-                return KokoroVoice(((own, 1.0),), speed=speed)
+            language = speaker_language(own)
+            if rng.random() < 0.5:  # half the time a blend towards another training speaker of its group
+                return KokoroVoice(((own, 1.0),), speed=speed, language=language)
             weight = float(rng.uniform(0.5, 0.9))
             other = others[int(rng.integers(len(others)))]
-            return KokoroVoice(((own, weight), (other, 1.0 - weight)), speed=speed)
+            return KokoroVoice(((own, weight), (other, 1.0 - weight)), speed=speed, language=language)
         if self.engine == "piper":  # Piper's duration scale; generator and duration noise around the voice's own
             return PiperVoice(self.base, length_scale=1.0 / speed, noise_scale=float(rng.uniform(0.5, 0.8)),
                               noise_w=float(rng.uniform(0.6, 1.0)))
@@ -252,7 +245,7 @@ def available(voices: list[VoiceSpec], *, espeak: bool, flite: bool, mbrola: boo
             continue
         if v.engine == "kokoro" and not kokoro:
             continue
-        if v.engine == "kokoro" and v.base in KOKORO_EN_TRAIN + KOKORO_OTHER_TRAIN and not kokoro_js:
+        if v.engine == "kokoro" and v.base in KOKORO_NPM_TRAIN and not kokoro_js:
             continue  # their style vectors come from the npm package (kokoro_js.voices_present)
         if v.engine == "flite" and not flite:
             continue
