@@ -123,8 +123,9 @@ class RecentSteps:
         self._since_fit += 1
 
     def cost_line(self) -> tuple[float, float]:
-        """`fit_cost_line` of the last steps, refitted at most every REFIT steps."""
-        if self._line is None or self._since_fit >= self.REFIT:
+        """`fit_cost_line` of the last steps, refitted at most every REFIT steps, or at every new step while there is
+        no line yet (so that the first line is there as soon as the steps allow it: a start-up calibration's)."""
+        if self._line is None or self._since_fit >= self.REFIT or (self._line == (0.0, 0.0) and self._since_fit):
             self._line, self._since_fit = self.fit_cost_line(), 0
         return self._line
 

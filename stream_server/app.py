@@ -115,7 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-step-ms", type=_nonneg_float, default=64.0,
                    help="refuse new sessions and uploads (server_busy) while the engine's recent steps take longer "
                         "than this (median of the last 2 s; a step decodes 80 ms of audio for every stream), or "
-                        "would with the sessions admitted in the last 2 s (a burst); 0 disables")
+                        "would with every open session and the new one (a line fitted to the engine's steps); "
+                        "0 disables")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="start without measuring the engine's step cost (by default, before listening, paced noise "
+                        "runs through it at 1, 2, 4, ... streams for a few seconds, so that --max-step-ms foresees the "
+                        "first burst of clients; without it the first burst is admitted whole)")
     p.add_argument("--max-upload-minutes", type=_positive_float, default=60.0,
                    help="the most audio an upload may hold (decoded, it takes 230 MB of memory an hour)")
     p.add_argument("--max-pending-audio", type=_nonneg_float, default=2.0,
@@ -164,7 +169,7 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
         idle_timeout_s=args.idle_timeout if args.idle_timeout > 0 else float("inf"),
         max_message_bytes=args.max_message_bytes, max_pending_audio_s=args.max_pending_audio,
         max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_uploads=args.max_uploads,
-        max_step_ms=args.max_step_ms,
+        max_step_ms=args.max_step_ms, calibrate_on_start=not args.no_calibrate,
         # an upload is one engine stream: no longer than a session may be
         max_upload_seconds=min(args.max_upload_minutes * 60, args.max_session_seconds or float("inf")),
         ping_interval_s=args.ping_interval or None, ping_timeout_s=args.ping_timeout or None,

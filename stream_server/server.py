@@ -31,6 +31,7 @@ from realtime.serving import AdmissionError, TranscriptionEngine
 
 from . import auth
 from .admission import LoadAdmission
+from .calibration import CalibrationReport, calibrate_or_warn
 from .client_secrets import ClientSecrets, EphemeralGrant, is_ephemeral
 from .connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN_LATER, Connection, ServerContext, wants_openai
 from .engine_stream import EngineStream
@@ -66,6 +67,7 @@ class StreamServer:
         self.client_secrets = ClientSecrets(settings.api_keys)
         self._sessions_of: Counter[str] = Counter()  # open sessions per client (`_client_of`)
         self._load = LoadAdmission(settings.max_step_ms)  # --max-step-ms: the measured and the foreseen step
+        self.calibration: CalibrationReport | None = None  # the start-up step-cost calibration, if it ran
         self._server: Server | None = None
         self._stats_task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -81,6 +83,10 @@ class StreamServer:
             raise ValueError("at least one served model name is needed")
         if self.owns_engine:
             self.engine.start()
+        if s.calibrate_on_start and s.max_step_ms:
+            # before binding: no client shares the engine with the noise, and the first burst meets a line
+            self.calibration = await asyncio.to_thread(calibrate_or_warn, self.engine, limit_ms=s.max_step_ms,
+                                                       max_streams=s.max_sessions)
         ssl_context = s.ssl_context()
         tls_kw = {"ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S} if ssl_context is not None else {}
         self._server = await serve(
@@ -456,6 +462,10 @@ class StreamServer:
                                       # the fitted step cost that admission foresees bursts with (0, 0: none yet)
                                       "step_cost_ms": {"fixed": round(stats.step_fixed_seconds * 1000, 3),
                                                        "per_stream": round(stats.step_seconds_per_stream * 1000, 4)}}
+            cal = self.calibration
+            engine["calibration"] = None if cal is None else {
+                "streams": cal.sizes, "median_step_ms": [round(ms, 3) for ms in cal.median_step_ms],
+                "seconds": round(cal.seconds, 2)}
             status = "stopping" if self._stopped else "draining" if self.draining else "ok"
         except Exception as exc:  # an engine that cannot even report is not healthy
             engine, status = {"error": f"{type(exc).__name__}: {exc}"}, "error"

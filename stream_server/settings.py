@@ -38,6 +38,10 @@ class ServerSettings:
     # than this: a batched step decodes 80 ms of audio for every stream, so past 80 ms live streams fall behind and
     # one more would slow them all (0: no such limit)
     max_step_ms: float = 64.0
+    # before listening, run paced noise through the engine at doubling stream counts so that `max_step_ms`'s
+    # foreseen check has a step-cost line for the first burst (`calibration.py`). The command line turns it on
+    # (`--no-calibrate` turns it off); off here, so that a test's server starts at once.
+    calibrate_on_start: bool = False
     idle_timeout_s: float = 30.0  # no client message and nothing in flight for this long -> idle_timeout
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0
