@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Fortieth session: a burst of streams connecting at the same instant to a GPU server that has just started, with
+# the start-up step-cost calibration (default) and without it (--no-calibrate). One server process, the embedded
+# model, bf16, CUDA graphs, 480 ms delay, 10 s of audio per client; the load tester's clients over PROCS processes.
+#   bash benchmarks/gpu_cold_burst.sh OUT [WHEELS_DIR]      env: BURST (512), PROCS (4), MAX_SESSIONS (1100)
+# OUT/{cal,nocal}/: health.json (the calibration and the fitted line), loadtest.json/.txt, server.log.
+set -u
+out=${1:?out dir}; wheels=${2:-}
+burst=${BURST:-512}; procs=${PROCS:-4}; port=8124
+if [ -n "$wheels" ] && ls "$wheels"/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$wheels"/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD
+for mode in cal nocal; do
+  d=$out/$mode; mkdir -p "$d"
+  flag=(); [ "$mode" = nocal ] && flag=(--no-calibrate)
+  t0=$(date +%s.%N)
+  python3 -m stream_server --device cuda --port $port --max-sessions "${MAX_SESSIONS:-1100}" --max-session-seconds 120 \
+    "${flag[@]}" > "$d/server.log" 2>&1 &
+  srv=$!
+  for _ in $(seq 1 300); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null && break
+    sleep 0.5
+  done
+  echo "$mode: listening after $(python3 -c "import time; print(round(time.time() - $t0, 1))") s"
+  python3 -m stream_server.loadtest --processes "$procs" --url ws://127.0.0.1:$port --ramp "$burst" --duration 10 \
+    --delay-ms 480 --stagger-ms 0 --max-time 120 --no-plots --out "$d/loadtest.json" > "$d/loadtest.txt" 2> "$d/loadtest.err"
+  python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=5).read().decode())" \
+    > "$d/health.json" 2>&1
+  kill $srv; wait $srv 2>/dev/null
+  grep -E "calibrat" "$d/server.log" | tail -2
+  tail -4 "$d/loadtest.txt"; cat "$d/health.json"; echo
+done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
