@@ -2,7 +2,8 @@
 # Fortieth session: a burst of streams connecting at the same instant to a GPU server that has just started, with
 # the start-up step-cost calibration (default) and without it (--no-calibrate). One server process, the embedded
 # model, bf16, CUDA graphs, 480 ms delay, 10 s of audio per client; the load tester's clients over PROCS processes.
-#   bash benchmarks/gpu_cold_burst.sh OUT [WHEELS_DIR]      env: BURST (512), PROCS (4), MAX_SESSIONS (1100)
+#   bash benchmarks/gpu_cold_burst.sh OUT [WHEELS_DIR]      env: BURST (512), PROCS (4), MAX_SESSIONS (1100),
+#        MODES ("cal nocal"; one of them for a short call)
 # OUT/{cal,nocal}/: health.json (the calibration and the fitted line), loadtest.json/.txt, server.log.
 set -u
 out=${1:?out dir}; wheels=${2:-}
@@ -11,7 +12,7 @@ if [ -n "$wheels" ] && ls "$wheels"/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$wheels"/*.whl
 fi
 export PYTHONPATH=/tmp/site:$PWD
-for mode in cal nocal; do
+for mode in ${MODES:-cal nocal}; do
   d=$out/$mode; mkdir -p "$d"
   flag=(); [ "$mode" = nocal ] && flag=(--no-calibrate)
   t0=$(date +%s.%N)
