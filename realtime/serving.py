@@ -15,9 +15,10 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Union
+from typing import Callable, ClassVar, Literal, Protocol, Union
 
 import numpy as np
+from typing_extensions import TypeIs
 
 from .config import ModelConfig
 
@@ -187,3 +188,17 @@ class TranscriptionEngine(Protocol):
         ...
 
     def stats(self) -> EngineStats: ...
+
+
+class FitsStepCost(Protocol):
+    """An engine that batches streams into steps and reports the line fitted to them (`EngineStats.
+    step_fixed_seconds`, `.step_seconds_per_stream`): the server calibrates such an engine at start-up
+    (`stream_server/calibration.py`). The sequential reference engine decodes one stream at a time and fits none."""
+
+    fits_step_cost: ClassVar[Literal[True]] = True
+
+
+def fits_step_cost(engine: object) -> TypeIs[FitsStepCost]:
+    """True only if the engine's class declares the capability (the flag is exactly True)."""
+    return getattr(type(engine), "fits_step_cost", False) is True
+

@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from realtime.config import ConfigError
-from realtime.serving import AdmissionError, TranscriptionEngine
+from realtime.serving import AdmissionError, TranscriptionEngine, fits_step_cost
 
 from . import auth
 from .admission import LoadAdmission
@@ -84,9 +84,13 @@ class StreamServer:
         if self.owns_engine:
             self.engine.start()
         if s.calibrate_on_start and s.max_step_ms:
-            # before binding: no client shares the engine with the noise, and the first burst meets a line
-            self.calibration = await asyncio.to_thread(calibrate_or_warn, self.engine, limit_ms=s.max_step_ms,
-                                                       max_streams=s.max_sessions)
+            if fits_step_cost(self.engine):
+                # before binding: no client shares the engine with the noise, and the first burst meets a line
+                self.calibration = await asyncio.to_thread(calibrate_or_warn, self.engine, limit_ms=s.max_step_ms,
+                                                           max_streams=s.max_sessions)
+            else:
+                logger.info("not calibrating the step cost: %s fits none (only the measured step admits)",
+                            type(self.engine).__name__)
         ssl_context = s.ssl_context()
         tls_kw = {"ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S} if ssl_context is not None else {}
         self._server = await serve(

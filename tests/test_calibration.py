@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
-from realtime.serving import AdmissionError, EngineStats, RecentSteps, StreamError, StreamFailed
+from realtime.serving import AdmissionError, EngineStats, RecentSteps, StreamError, StreamFailed, fits_step_cost
 from stream_server.app import build_parser, settings_from_args
 from stream_server.calibration import CalibrationError, calibrate_or_warn, calibrate_step_cost
 from stream_server.server import StreamServer
@@ -39,6 +39,8 @@ class LineCostEngine:
     """A `TranscriptionEngine` whose step decodes 80 ms for every open stream once each has it (a paced tick), and
     records `fixed_ms + per_stream_ms x streams` as its duration in the real engine's `RecentSteps`. `decodes=False`
     never steps (a stalled engine); `fail_stream` fails that stream (by open order) at its first step."""
+
+    fits_step_cost = True  # serving.FitsStepCost: the server calibrates it
 
     def __init__(self, config, fixed_ms: float, per_stream_ms: float, *, max_streams: int = 256,
                  decodes: bool = True, fail_stream: int | None = None) -> None:
@@ -223,3 +225,34 @@ async def test_the_real_engine_calibrates_behind_a_real_server_and_then_serves(s
     assert all(ms > 0 for ms in health["calibration"]["median_step_ms"])
     assert await asyncio.to_thread(wait_no_streams, engine) == 0
     assert await fresh_vllm_utterance(srv.ws_url, SHORT) == reference(SHORT)
+
+
+async def test_only_an_engine_that_declares_a_fitted_step_cost_is_calibrated(line_engine, caplog) -> None:
+    """The capability is declared on the class (`serving.FitsStepCost`), not probed: the batched engine declares
+    it, the sequential reference engine (one stream at a time, no line) does not, and neither does an engine that
+    merely has the same stats fields."""
+    assert fits_step_cost(line_engine(1.0, 1.0))
+    from realtime.engine.engine import BatchedEngine
+    from realtime.sequential_engine import SequentialEngine
+
+    assert BatchedEngine.fits_step_cost is True and not hasattr(SequentialEngine, "fits_step_cost")
+
+    class Undeclared(LineCostEngine):
+        fits_step_cost = None  # type: ignore[assignment]
+
+    eng = Undeclared(line_engine(1.0, 1.0).config, 2.0, 3.0)
+    eng.start()
+    try:
+        assert not fits_step_cost(eng)
+        server = StreamServer(ServerSettings(port=0, served_model_names=("line",), calibrate_on_start=True), eng,
+                              owns_engine=False)
+        with caplog.at_level(logging.INFO, logger="stream_server.server"):
+            await server.start()
+        try:
+            assert server.calibration is None and eng.opened == 0
+            assert "not calibrating the step cost: Undeclared fits none" in caplog.text
+        finally:
+            await server.stop()
+    finally:
+        eng.stop()
+

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -68,6 +69,8 @@ class _Control:
 
 
 class BatchedEngine:
+    fits_step_cost: ClassVar[Literal[True]] = True  # its stats() carry the fitted step-cost line (serving.FitsStepCost)
+
     def __init__(self, model: VoxtralRealtime, tokenizer: TextTokenizer, *, opts: RunnerOptions | None = None,
                  model_name: str = "default", speculative: SpeculativeConfig | None = None) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, model.config
