@@ -8,9 +8,10 @@ would, waits until every stream has decoded it, and closes them. The engine reco
 batch size (`EngineStats.step_fixed_seconds`, `.step_seconds_per_stream`), so the line comes from the same fit that
 live traffic refines later. An engine step's cost does not depend on what the audio says, so noise measures it.
 
-It stops doubling once a size's median step passes half of `--max-step-ms` (the line extrapolates beyond), at the
-server's session limit, or at the engine's own limit; it never leaves its streams open, and a failure only logs: a
-server that cannot calibrate starts as it did before, with no line.
+It stops doubling once a size's median step passes half of `--max-step-ms` (after three sizes, the fewest a line is
+fitted through; the line extrapolates beyond), once one passes the limit itself, or at the server's session limit. It
+never leaves its streams open, and a failure only logs: a server that cannot calibrate starts as it did before, with
+no line.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ TOKEN_SECONDS = 0.08  # one decode step's audio: the unit a live client's stream
 
 
 class CalibrationError(RuntimeError):
-    pass
+    """The engine refused, stalled on or failed a calibration stream."""
 
 
 @dataclass
