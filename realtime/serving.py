@@ -201,4 +201,3 @@ class FitsStepCost(Protocol):
 def fits_step_cost(engine: object) -> TypeIs[FitsStepCost]:
     """True only if the engine's class declares the capability (the flag is exactly True)."""
     return getattr(type(engine), "fits_step_cost", False) is True
-

@@ -255,4 +255,3 @@ async def test_only_an_engine_that_declares_a_fitted_step_cost_is_calibrated(lin
             await server.stop()
     finally:
         eng.stop()
-
