@@ -8,8 +8,9 @@ streams fall behind. Two checks, both against `--max-step-ms`:
   step of each batch size it ran). The measured figure lags: sessions that just connected are not decoding yet, so
   a burst would all be admitted against the load from before it. The server's count of open sessions does not lag.
 
-Until the engine has run steps of enough batch sizes there is no line and only the measured check applies: a server
-that has not yet decoded admits a first burst whole. The line is remembered while the engine idles. The recent step
+Until the engine has run steps of enough batch sizes there is no line and only the measured check applies, so the
+server calibrates the engine before it listens (`calibration.py`; with `--no-calibrate` a server that has not yet
+decoded admits a first burst whole). The line is remembered while the engine idles. The recent step
 divided by its streams would be known sooner, but it counts the step's fixed cost as every stream's: on the 2-core
 CPU box it refused 8 of 12 streams starting on a cold server, which carries 28 (thirty-ninth session).
 """
