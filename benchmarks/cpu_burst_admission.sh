@@ -13,8 +13,12 @@ mkdir -p "$OUT"
 if [ "$WARM" = 0 ]; then RAMP=$BURST; else RAMP=$WARM,$BURST; fi
 python -m stream_server --device cpu --port "$PORT" "$@" > "$OUT/server.log" 2>&1 &
 srv=$!
-trap 'kill $srv 2>/dev/null; wait $srv 2>/dev/null' EXIT
+tracer=
+trap 'kill $srv $tracer 2>/dev/null; wait $srv 2>/dev/null' EXIT
 for _ in $(seq 120); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break; sleep 1; done
+# Forty-first session: /health every 0.5 s during the run (sessions, recent step, event-loop lag) into health_trace.jsonl
+( while curl -s "http://127.0.0.1:$PORT/health" >> "$OUT/health_trace.jsonl" 2>/dev/null; do echo >> "$OUT/health_trace.jsonl"; sleep 0.5; done ) &
+tracer=$!
 python -m stream_server.loadtest --url "ws://127.0.0.1:$PORT" --files "$AUDIO" --ramp "$RAMP" --duration 20 \
   --stagger-ms 500 --out "$OUT/loadtest.json" --no-plots ${LOADTEST_ARGS:-} 2>&1 | tee "$OUT/loadtest.log" | tail -8
 curl -s "http://127.0.0.1:$PORT/metrics" | grep -E "rejected_total|recent_step" > "$OUT/metrics.txt"

@@ -6,7 +6,8 @@
 #        PROFILE=1 (py-spy of the server threads' stacks and top, during the burst),
 #        MODES ("cal nocal"; one of them for a short call; "nocal cal nocal2 cal2" alternates repeats, each in its folder;
 #        DEVICE (cuda; cpu for a dry run), w4: four worker processes, calibrated, each its own interpreter lock)
-# OUT/{cal,nocal}/: health.json (the calibration and the fitted line), loadtest.json/.txt, server.log.
+# OUT/{cal,nocal}/: health.json (the calibration and the fitted line), loadtest.json/.txt, server.log,
+# health_trace.jsonl (forty-first session: /health every 0.5 s during the burst, with the event loop's lag).
 set -u
 out=${1:?out dir}; wheels=${2:-}
 burst=${BURST:-512}; procs=${PROCS:-4}; port=8124
@@ -36,10 +37,15 @@ for mode in ${MODES:-cal nocal}; do
       -o "$d/pyspy.txt" > "$d/pyspy.err" 2>&1 &
     top -b -d 1 -n 22 -w 200 | grep -E "^ *PID|python|py-spy" > "$d/top.txt" &
   fi
+  # /health every 0.5 s during the burst (sessions, recent step, the event loop's lag) into health_trace.jsonl
+  ( while python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=5).read().decode())" \
+      >> "$d/health_trace.jsonl" 2>/dev/null; do sleep 0.5; done ) &
+  tracer=$!
   python3 -m stream_server.loadtest --processes "$procs" --url ws://127.0.0.1:$port --ramp "$burst" --duration 10 \
     --delay-ms 480 --stagger-ms 0 --max-time 120 --no-plots --out "$d/loadtest.json" > "$d/loadtest.txt" 2> "$d/loadtest.err"
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=5).read().decode())" \
     > "$d/health.json" 2>&1
+  kill $tracer 2>/dev/null
   kill $srv; wait $srv 2>/dev/null
   grep -E "calibrat" "$d/server.log" | tail -2
   tail -4 "$d/loadtest.txt"; cat "$d/health.json"; echo

@@ -4,7 +4,7 @@ It speaks two dialects on one path — vLLM's (`vllm_dialect.py`) and OpenAI's R
 (`openai_dialect.py`) — plus, on the same port, OpenAI's file transcription API (`POST /v1/audio/transcriptions`:
 `transcriptions.py`, read by `http_connection.py`), HTTP GET routes (`http.py`), API keys and Origin checks
 (`auth.py`), Prometheus metrics (`metrics.py`), server-side VAD (`vad.py`) and load-based admission
-(`admission.py`, with its start-up step-cost calibration, `calibration.py`).
+(`admission.py`, with its start-up step-cost calibration, `calibration.py`, and the event loop's lag, `loop_lag.py`).
 
 It talks to the engine only through `realtime.serving` (the `TranscriptionEngine` protocol and its
 events); beyond that it uses `realtime.model_store` to load models (in `engine_factory.py`),

@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "than this (median of the last 2 s; a step decodes 80 ms of audio for every stream), or "
                         "would with every open session and the new one (a line fitted to the engine's steps); "
                         "0 disables")
+    p.add_argument("--max-loop-lag-ms", type=_nonneg_float, default=0.0,
+                   help="refuse new sessions and uploads (server_busy) while the event loop runs timers later than "
+                        "this (median of the last 2 s): the process's host side (websockets, audio parsing, "
+                        "deltas) is saturated, whatever the engine's step; 0 disables")
     p.add_argument("--no-calibrate", action="store_true",
                    help="start without measuring the engine's step cost (by default, before listening, paced noise "
                         "runs through it at 1, 2, 4, ... streams for a few seconds, so that --max-step-ms foresees the "
@@ -169,7 +173,7 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str] | None = No
         idle_timeout_s=args.idle_timeout if args.idle_timeout > 0 else float("inf"),
         max_message_bytes=args.max_message_bytes, max_pending_audio_s=args.max_pending_audio,
         max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_uploads=args.max_uploads,
-        max_step_ms=args.max_step_ms, calibrate_on_start=not args.no_calibrate,
+        max_step_ms=args.max_step_ms, calibrate_on_start=not args.no_calibrate, max_loop_lag_ms=args.max_loop_lag_ms,
         # an upload is one engine stream: no longer than a session may be
         max_upload_seconds=min(args.max_upload_minutes * 60, args.max_session_seconds or float("inf")),
         ping_interval_s=args.ping_interval or None, ping_timeout_s=args.ping_timeout or None,

@@ -38,6 +38,7 @@ from .engine_stream import EngineStream
 from .events import ProtocolError, dumps
 from .http import HttpRoutes, error_response
 from .http_connection import HttpAwareConnection, HttpReply, connection_factory
+from .loop_lag import LoopLag, loop_lag_refusal
 from .http_requests import HttpError, HttpRequest
 from .transcriptions import TRANSCRIPTIONS_PATH, OnEnd, OnToken, protocol_error_status, serve_transcription
 from .metrics import Metrics
@@ -67,6 +68,8 @@ class StreamServer:
         self.client_secrets = ClientSecrets(settings.api_keys)
         self._sessions_of: Counter[str] = Counter()  # open sessions per client (`_client_of`)
         self._load = LoadAdmission(settings.max_step_ms)  # --max-step-ms: the measured and the foreseen step
+        self.loop_lag = LoopLag()  # how late the event loop runs timers: the host side's load (--max-loop-lag-ms)
+        self._lag_task: asyncio.Task[None] | None = None
         self.calibration: CalibrationReport | None = None  # the start-up step-cost calibration, if it ran
         self._server: Server | None = None
         self._stats_task: asyncio.Task[None] | None = None
@@ -114,6 +117,7 @@ class StreamServer:
             reuse_port=s.reuse_port,
         )
         self._stats_task = asyncio.create_task(self._poll_stats(), name="engine-stats")
+        self._lag_task = asyncio.create_task(self.loop_lag.run(), name="loop-lag")
         logger.info("listening on %s://%s:%d%s (models: %s; auth %s)", s.ws_scheme, s.host, self.port, REALTIME_PATH,
                     ", ".join(s.served_model_names), "on" if s.auth_enabled else "off")
 
@@ -128,6 +132,8 @@ class StreamServer:
         self._stopped = True
         if self._stats_task is not None:
             self._stats_task.cancel()
+        if self._lag_task is not None:
+            self._lag_task.cancel()
         for conn in list(self.http_jobs):
             conn.abort_http()  # answered 503 and closed; their engine streams are closed
         if self._server is not None:
@@ -239,10 +245,10 @@ class StreamServer:
                 "too_many_sessions", f"This client ({client}) already has {quota} sessions open, the most one client "
                 "may hold; close one or try again later"), CLOSE_TRY_AGAIN_LATER, "too many sessions")
             return
-        busy = self._engine_busy()
+        busy = self._busy()
         if busy is not None:
             await self._refuse(ws, query, ProtocolError("server_busy", busy), CLOSE_TRY_AGAIN_LATER,
-                               "engine at capacity")
+                               "at capacity")
             return
         grant = self._grant(ws.request) if ws.request is not None else None
         conn = Connection(ws, self.ctx, query, client, grant.session if grant is not None else None)
@@ -326,10 +332,15 @@ class StreamServer:
         if quota and self._sessions_of[client] >= quota:
             return HttpError(429, "too_many_sessions", f"This client ({client}) already has {quota} sessions open, "
                              "the most one client may hold; try again later")
-        busy = self._engine_busy()
+        busy = self._busy()
         if busy is not None:
             return HttpError(503, "server_busy", busy)
         return None
+
+    def _busy(self) -> str | None:
+        """Why one more session or upload would overload the service, or None: the engine (its measured or foreseen
+        step, --max-step-ms) or the host side (its event loop's lag, --max-loop-lag-ms)."""
+        return self._engine_busy() or loop_lag_refusal(self.loop_lag, time.monotonic(), self.settings.max_loop_lag_ms)
 
     def _engine_busy(self) -> str | None:
         """Why one more session or upload would overload the engine (admission.LoadAdmission), or None. Load the
@@ -446,6 +457,8 @@ class StreamServer:
             await asyncio.sleep(self.settings.stats_interval_s)
 
     def _fold_stats(self) -> None:
+        self.metrics.loop_lag.set(self.loop_lag.recent_s(time.monotonic()))
+        self.metrics.loop_lag_worst.set(self.loop_lag.worst_s)
         try:
             self.metrics.record_engine_stats(self.engine.stats())
         except Exception:
@@ -476,5 +489,8 @@ class StreamServer:
         return {"status": status, "models": list(self.settings.served_model_names),
                 "active_sessions": len(self.active), "active_transcriptions": len(self.http_jobs),
                 "max_sessions": self.settings.max_sessions,
-                "engine": engine, "uptime_s": round(time.time() - self.ctx.started_at, 1),
+                "engine": engine,
+                # how late the event loop runs timers: median of the last 2 s and the worst since start
+                "event_loop": {"recent_lag_ms": round(self.loop_lag.recent_s(time.monotonic()) * 1000, 2),
+                               "worst_lag_ms": round(self.loop_lag.worst_s * 1000, 2)}, "uptime_s": round(time.time() - self.ctx.started_at, 1),
                 "pid": os.getpid()}  # which server process answered (`--workers`: one of several)

@@ -42,6 +42,9 @@ class ServerSettings:
     # foreseen check has a step-cost line for the first burst (`calibration.py`). The command line turns it on
     # (`--no-calibrate` turns it off); off here, so that a test's server starts at once.
     calibrate_on_start: bool = False
+    # new sessions and uploads also get `server_busy` while the event loop runs timers later than this (median of the
+    # last 2 s; `loop_lag.py`): the host side is saturated though the engine's steps may still be short (0: no limit)
+    max_loop_lag_ms: float = 0.0
     idle_timeout_s: float = 30.0  # no client message and nothing in flight for this long -> idle_timeout
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0
