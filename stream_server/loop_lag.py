@@ -8,9 +8,9 @@ steps stay short while every session's audio and deltas wait in line. The engine
 timer's lateness can. A task sleeps `interval_s` again and again and records how much later than asked it woke up.
 
 `LoopLag` keeps those samples for the last `window_s`; the server refuses new sessions and uploads (`server_busy`)
-while their median over time is over the limit, shows it on `/health` and exports it on `/metrics`. Like the measured step,
-this lags a burst that arrives all at once (the sessions it would overload are not sending yet); it stops the next
-ones, and it is the signal to run more processes (`--workers`).
+while their median over time is over the limit, shows it on `/health` and exports it on `/metrics`. Like the
+measured step, this lags a burst that arrives all at once (the sessions it would overload are not sending yet); it
+stops the next ones, and it is the signal to run more processes (`--workers`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from realtime.serving import LOAD_WINDOW_S
 class LoopLag:
     interval_s: float = 0.05  # how long each probe sleeps: short enough for a 2 s window of 40 samples
     window_s: float = LOAD_WINDOW_S
-    _samples: deque[tuple[float, float]] = field(default_factory=deque)  # (loop time woken, lag in seconds)
+    _samples: deque[tuple[float, float]] = field(default_factory=deque)  # (monotonic time woken, lag in seconds)
     worst_s: float = 0.0  # the largest lag since start (/health: a stall the median hides)
 
     def record(self, now: float, lag_s: float) -> None:

@@ -38,8 +38,8 @@ from .engine_stream import EngineStream
 from .events import ProtocolError, dumps
 from .http import HttpRoutes, error_response
 from .http_connection import HttpAwareConnection, HttpReply, connection_factory
-from .loop_lag import LoopLag, loop_lag_refusal
 from .http_requests import HttpError, HttpRequest
+from .loop_lag import LoopLag, loop_lag_refusal
 from .transcriptions import TRANSCRIPTIONS_PATH, OnEnd, OnToken, protocol_error_status, serve_transcription
 from .metrics import Metrics
 from .openai_dialect import OpenAIDialect
@@ -492,5 +492,6 @@ class StreamServer:
                 "engine": engine,
                 # how late the event loop runs timers: median of the last 2 s and the worst since start
                 "event_loop": {"recent_lag_ms": round(self.loop_lag.recent_s(time.monotonic()) * 1000, 2),
-                               "worst_lag_ms": round(self.loop_lag.worst_s * 1000, 2)}, "uptime_s": round(time.time() - self.ctx.started_at, 1),
+                               "worst_lag_ms": round(self.loop_lag.worst_s * 1000, 2)},
+                "uptime_s": round(time.time() - self.ctx.started_at, 1),
                 "pid": os.getpid()}  # which server process answered (`--workers`: one of several)
