@@ -15,7 +15,8 @@
 #      (realtime/train/kokoro_js.py, needs Debian's npm), the 24 English and 21 accented training speakers, as the
 #      parts the thirty-ninth session made for its (unrun) training call: ps_ke52 (2.94 h) and ps_ke53 (1.43 h) in
 #      .stage1/, ps_ke54 (2.95 h) and ps_ke55 (1.41 h) in .stage2/ (a second staging call: STAGE=.stage2 APPEND=1);
-#      since the forty-first session (run 53 trained on those four) also ps_ke56 (2.92 h, 14.3 MB) in .stage2/.
+#      since the forty-first session (run 53 trained on those four) also ps_ke56 (2.92 h, 14.3 MB) and ps_ke57
+#      (1.43 h, 7.0 MB) in .stage2/.
 # 17 minutes on the 2-core box with .venv and the CI's packages already there (ps_rh's RHVoice alignment is 11 of
 # them); a bare machine adds about 5 for the packages and 4 for .venv. A part whose index.json exists is kept.
 #   bash benchmarks/rebuild_training_parts.sh [WORK_DIR]     (WORK_DIR: where the parts are built; /tmp/parts)
@@ -86,13 +87,13 @@ for p in ps_A ps_B ps_rh ps_mb9 ps_ev; do  # the Opus bytes each part's index.js
     "$work/$p/index.json" "$p"
 done
 if [ "${KOKORO_EN:-0}" = 1 ]; then
-  log "6. Kokoro's npm speakers: ps_ke52, ps_ke53 in .stage1, ps_ke54, ps_ke55, ps_ke56 in .stage2"
+  log "6. Kokoro's npm speakers: ps_ke52, ps_ke53 in .stage1, ps_ke54 to ps_ke57 in .stage2"
   command -v npm > /dev/null || apt-get install -y --no-install-recommends npm
   $PY -m realtime.train.kokoro_js
   voices=$($PY -c "from realtime.train.voices import KOKORO_NPM_TRAIN; print(*KOKORO_NPM_TRAIN)")
   mkdir -p .stage2
   grep -qxF "/.stage2/" .git/info/exclude || echo "/.stage2/" >> .git/info/exclude
-  for part in "52 2.5 .stage1" "53 1.2 .stage1" "54 2.5 .stage2" "55 1.2 .stage2" "56 2.5 .stage2"; do
+  for part in "52 2.5 .stage1" "53 1.2 .stage1" "54 2.5 .stage2" "55 1.2 .stage2" "56 2.5 .stage2" "57 1.2 .stage2"; do
     set -- $part
     [ -f "$work/ps_ke$1/index.json" ] || $PY -m realtime.train.presynth pack --corpus "$C" --out "$work/ps_ke$1" \
       --level 0.98 --seed "$1" --hours "$2" --workers 2 --voices $voices
