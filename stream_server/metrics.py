@@ -132,9 +132,9 @@ class Metrics:
                                           "What each stream adds to a step, fitted likewise; with the fixed cost, the "
                                           "step admission foresees for the open sessions (--max-step-ms).")
         self.loop_lag = Gauge("streamscribe_event_loop_lag_seconds",
-                              "How late the server's event loop runs a timer, median of the last 2 s: the load of the "
-                              "host side (websockets, audio parsing, deltas); new sessions are refused (server_busy) "
-                              "above --max-loop-lag-ms.")
+                              "How late the server's event loop runs a timer, median over the time of the last 2 s: "
+                              "the load of the host side (websockets, audio parsing, deltas); new sessions are refused "
+                              "(server_busy) above --max-loop-lag-ms.")
         self.loop_lag_worst = Gauge("streamscribe_event_loop_lag_worst_seconds",
                                     "The largest event-loop lag since the server started.")
         self.emission_delay = Histogram(
