@@ -117,10 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "than this (median of the last 2 s; a step decodes 80 ms of audio for every stream), or "
                         "would with every open session and the new one (a line fitted to the engine's steps); "
                         "0 disables")
-    p.add_argument("--max-loop-lag-ms", type=_nonneg_float, default=0.0,
+    p.add_argument("--max-loop-lag-ms", type=_nonneg_float, default=100.0,
                    help="refuse new sessions and uploads (server_busy) while the event loop runs timers later than "
                         "this (median of the last 2 s): the process's host side (websockets, audio parsing, "
-                        "deltas) is saturated, whatever the engine's step; 0 disables")
+                        "deltas) is saturated, whatever the engine's step (default 100); 0 disables")
     p.add_argument("--no-calibrate", action="store_true",
                    help="start without measuring the engine's step cost (by default, before listening, paced noise "
                         "runs through it at 1, 2, 4, ... streams for a few seconds, so that --max-step-ms foresees the "

@@ -43,7 +43,9 @@ class ServerSettings:
     # (`--no-calibrate` turns it off); off here, so that a test's server starts at once.
     calibrate_on_start: bool = False
     # new sessions and uploads also get `server_busy` while the event loop runs timers later than this (median of the
-    # last 2 s; `loop_lag.py`): the host side is saturated though the engine's steps may still be short (0: no limit)
+    # last 2 s; `loop_lag.py`): the host side is saturated though the engine's steps may still be short (0: no limit).
+    # The command line's default is 100 ms (set from a GPU burst, stream_server/README.md); 0 here, so that a test's
+    # server on a loaded CI box never refuses a session for its host's load
     max_loop_lag_ms: float = 0.0
     idle_timeout_s: float = 30.0  # no client message and nothing in flight for this long -> idle_timeout
     ping_interval_s: float | None = 20.0

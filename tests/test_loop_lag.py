@@ -118,6 +118,7 @@ async def test_a_server_whose_loop_is_late_refuses_new_sessions_and_uploads(engi
 
 
 def test_the_command_line_sets_the_limit() -> None:
-    assert settings_from_args(build_parser().parse_args([]), env={}).max_loop_lag_ms == 0.0
+    assert settings_from_args(build_parser().parse_args([]), env={}).max_loop_lag_ms == 100.0
+    assert settings_from_args(build_parser().parse_args(["--max-loop-lag-ms", "0"]), env={}).max_loop_lag_ms == 0
     assert settings_from_args(build_parser().parse_args(["--max-loop-lag-ms", "150"]), env={}).max_loop_lag_ms == 150
     assert ServerSettings().max_loop_lag_ms == 0.0
