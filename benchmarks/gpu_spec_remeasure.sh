@@ -3,7 +3,7 @@
 # one GPU): batch 1 with the chain of K drafts (3 alternating repeats), batch 1 with a tree of TREE nodes, then batches
 # 16 and 64 with the end-of-stream flush; bf16, the 5 held-out clips of 45 s.
 #   carry [".whl_gpu", ".bench_audio"]; bash benchmarks/gpu_spec_remeasure.sh OUT [WHEELS] [K] [TREE]
-# DEVICE=cpu (env) is a dry run here: fp32, clips of 3 s, one repeat.
+# DEVICE=cpu (env) is a dry run here: fp32, clips of 3 s, one repeat. ONLY="b1_chain b16_64" (env) runs those alone.
 set -u
 out=${1:?out dir}; wheels=${2:-.whl_gpu}; k=${3:-6}; tree=${4:-24}
 mkdir -p "$out"
@@ -15,6 +15,7 @@ if [ "$dev" = cpu ]; then dtype=fp32; clip=3; reps=1; else
 fi
 bench() {  # NAME TIMEOUT ARGS...: one bench_speculative.py run, its table printed
   local name=$1 limit=$2; shift 2
+  case " ${ONLY:-b1_chain b1_tree b16_64} " in *" $name "*) ;; *) return 0;; esac
   timeout "$limit" python3 benchmarks/bench_speculative.py --target models/default --drafter models/default_drafter \
     --audio .bench_audio/* --device "$dev" --dtype "$dtype" --k "$k" --out "$out/$name.json" "$@" > "$out/$name.log" 2>&1
   echo "== $name rc=$?"; grep -E "bench_speculative:|speedup_batch1\"|mean_acceptance_length\"" "$out/$name.log" | cut -c1-300
