@@ -4,10 +4,12 @@
 # 16 and 64 with the end-of-stream flush; bf16, the 5 held-out clips of 45 s.
 #   carry [".whl_gpu", ".bench_audio"]; bash benchmarks/gpu_spec_remeasure.sh OUT [WHEELS] [K] [TREE]
 # DEVICE=cpu (env) is a dry run here: fp32, clips of 3 s, one repeat. ONLY="b1_chain b16_64" (env) runs those alone.
+# DTYPE=fp32 (env; default bf16 on the GPU) checks losslessness where rounding cannot differ between batch shapes:
+#   DTYPE=fp32 ONLY=b16_64 bash benchmarks/gpu_spec_remeasure.sh OUT     (every output should be identical)
 set -u
 out=${1:?out dir}; wheels=${2:-.whl_gpu}; k=${3:-6}; tree=${4:-24}
 mkdir -p "$out"
-dev=${DEVICE:-cuda}; dtype=bf16; clip=45; reps=3
+dev=${DEVICE:-cuda}; dtype=${DTYPE:-bf16}; clip=45; reps=3
 if [ "$dev" = cpu ]; then dtype=fp32; clip=3; reps=1; else
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/dsite "$wheels"/soundfile*.whl \
