@@ -229,3 +229,42 @@ def test_encoder_overlap_benchmark_refuses_unknown_modes_and_variants(monkeypatc
     assert beo.VARIANTS["cublas"] == {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "0", "STREAMSCRIBE_ONE_ROW": "0"}
     assert beo.VARIANTS["one_row"]["STREAMSCRIBE_ONE_ROW"] == "1"
     assert beo.VARIANTS["default"] == {}
+
+
+def test_instant_engine_decodes_each_whole_token_of_audio_once_and_ends_on_finish() -> None:
+    """`host_path_cost.py`'s model-free engine: one empty pad token per whole 80 ms pushed, at the LM position whose
+    audio_end_ms is that token's end (so the load tester's delay is the host path's own), then StreamDone."""
+    import threading
+
+    from host_path_cost import InstantEngine
+
+    from realtime.config import ModelConfig
+    from realtime.serving import StreamDone, StreamError, StreamToken
+
+    cfg = ModelConfig()
+    eng = InstantEngine(cfg)
+    events: list = []
+    done = threading.Event()
+
+    def on_event(ev) -> None:
+        events.append(ev)
+        if isinstance(ev, StreamDone):
+            done.set()
+
+    eng.start()
+    try:
+        sid = eng.open_stream(on_event)
+        spt = cfg.samples_per_token
+        eng.push_audio(sid, np.zeros(spt + spt // 2, dtype=np.float32))  # one whole token and half of the next
+        eng.push_audio(sid, np.zeros(spt // 2 + 10, dtype=np.float32))  # completes the second
+        eng.finish_stream(sid)
+        assert done.wait(5)
+        with pytest.raises(StreamError):
+            eng.push_audio(sid, np.zeros(10, dtype=np.float32))  # gone after its end
+    finally:
+        eng.stop()
+    tokens = [e for e in events if isinstance(e, StreamToken)]
+    assert [t.audio_end_ms for t in tokens] == [80, 160]
+    assert all(t.text == "" and t.token_id == cfg.tokens.streaming_pad for t in tokens)
+    assert isinstance(events[-1], StreamDone) and events[-1].completion_tokens == 2
+    assert eng.stats().tokens_emitted == 2 and eng.stats().active_streams == 0
