@@ -167,15 +167,17 @@ def lag_sampler(url: str, stop: threading.Event, into: list[float]) -> None:
             pass
 
 
-def run_level(streams: int, seconds: float, audio: Path, config: ModelConfig) -> dict:
+def run_level(streams: int, seconds: float, audio: Path, config: ModelConfig, dialect: str = "vllm",
+              empty_deltas: bool = True) -> dict:
     engine = InstantEngine(config)
     engine.start()
-    settings = ServerSettings(port=0, served_model_names=(MODEL,), max_sessions=streams + 16)
+    settings = ServerSettings(port=0, served_model_names=(MODEL,), max_sessions=streams + 16,
+                              vllm_empty_deltas=empty_deltas)
     lags: list[float] = []
     with ServerThread(settings, engine) as srv, tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "loadtest.json"
         cmd = [sys.executable, "-m", "stream_server.loadtest", "--url", srv.ws_url, "--model", MODEL,
-               "--files", str(audio), "--ramp", str(streams), "--duration", str(seconds), "--processes", "1", "--no-plots", "--quiet",
+               "--dialect", dialect, "--files", str(audio), "--ramp", str(streams), "--duration", str(seconds), "--processes", "1", "--no-plots", "--quiet",
                "--out", str(out)]
         stop = threading.Event()
         sampler = threading.Thread(target=lag_sampler, args=(srv.http_url, stop, lags), daemon=True)
@@ -196,7 +198,7 @@ def run_level(streams: int, seconds: float, audio: Path, config: ModelConfig) ->
     audio_s = summary["audio_s"]
     messages = audio_s * 1000 / 80  # one 80 ms append in and one delta out per message (the load tester's chunk)
     # the engine thread's CPU is part of server_cpu; the sampler thread's (two /health requests a second) too, small
-    return {"streams": streams, "completed": summary["completed"], "errors": summary["errors"],
+    return {"streams": streams, "dialect": dialect, "empty_deltas": empty_deltas, "completed": summary["completed"], "errors": summary["errors"],
             "rejected": summary["rejected"], "audio_s": audio_s, "wall_s": round(wall, 1),
             "server_cpu_s": round(server_cpu, 2), "engine_thread_cpu_s": round(engine.thread_cpu_s, 2),
             "server_cpu_per_stream_second": round(server_cpu / audio_s, 5),
@@ -205,8 +207,12 @@ def run_level(streams: int, seconds: float, audio: Path, config: ModelConfig) ->
             "load_tester_cpu_share_of_wall": round(tester_cpu / wall, 2),
             "loop_lag_median_ms": round(float(np.median(lags)), 2) if lags else None,
             "loop_lag_worst_ms": worst,
-            "emission_delay_p50_ms": round(summary["delay_p50_ms"], 1),
-            "emission_delay_p99_ms": round(summary["delay_p99_ms"], 1)}
+            "emission_delay_p50_ms": rounded(summary.get("delay_p50_ms")),
+            "emission_delay_p99_ms": rounded(summary.get("delay_p99_ms"))}
+
+
+def rounded(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 1)
 
 
 def main() -> int:
@@ -216,6 +222,12 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=2, help="runs of each level (alternating the levels)")
     p.add_argument("--audio", type=Path, default=ROOT / "demo" / "samples" / "sample_en.wav")
     p.add_argument("--model", type=Path, default=ROOT / "models" / "default", help="whose config (delays, rates)")
+    p.add_argument("--dialect", choices=("vllm", "openai"), default="vllm",
+                   help="the protocol the load tester speaks (OpenAI's events are larger; it gets no audio_end_ms, so "
+                        "no emission delay)")
+    p.add_argument("--no-empty-deltas", action="store_true",
+                   help="the server's --no-empty-deltas (vLLM dialect: no event for a token without text; here every "
+                        "token is one, so no deltas at all, and no emission delay)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -225,7 +237,7 @@ def main() -> int:
     runs: dict[int, list[dict]] = defaultdict(list)
     for rep in range(args.repeats):
         for n in args.streams:
-            row = run_level(n, args.seconds, args.audio, config)
+            row = run_level(n, args.seconds, args.audio, config, args.dialect, not args.no_empty_deltas)
             runs[n].append(row)
             log.info("run %d, %d streams: %s", rep + 1, n, json.dumps(row))
     print("streams  server CPU s / stream-s  us / message  engine thread CPU s  load tester CPU / wall  "
@@ -234,7 +246,7 @@ def main() -> int:
         for r in rows:
             print(f"{n:7d}  {r['server_cpu_per_stream_second']:23.4f}  {r['server_us_per_message']:12.1f}  "
                   f"{r['engine_thread_cpu_s']:19.2f}  {r['load_tester_cpu_share_of_wall']:22.2f}  "
-                  f"{r['loop_lag_median_ms']!s:>18}  {r['emission_delay_p50_ms']:7.1f} / {r['emission_delay_p99_ms']:.1f}")
+                  f"{r['loop_lag_median_ms']!s:>18}  {r['emission_delay_p50_ms']!s:>7} / {r['emission_delay_p99_ms']!s}")
     if args.out is not None:
         args.out.write_text(json.dumps({"tool": "host_path_cost", "machine": platform.processor() or platform.machine(),
                                         "cpus": os.cpu_count(), "args": {k: str(v) for k, v in vars(args).items()},

@@ -47,6 +47,10 @@ class ServerSettings:
     # The command line's default is 100 ms (set from a GPU burst, stream_server/README.md); 0 here, so that a test's
     # server on a loaded CI box never refuses a session for its host's load
     max_loop_lag_ms: float = 0.0
+    # vLLM dialect: a `transcription.delta` for every token, most of them empty, as vLLM sends them (True), or only
+    # for tokens with text (False, `--no-empty-deltas`): the same transcript for a client that concatenates deltas,
+    # with up to a third less host work per audio message (benchmarks/host_path_cost.py), but no event every 80 ms
+    vllm_empty_deltas: bool = True
     idle_timeout_s: float = 30.0  # no client message and nothing in flight for this long -> idle_timeout
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0

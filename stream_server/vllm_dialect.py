@@ -213,6 +213,8 @@ class VllmDialect:
     # -- engine output --------------------------------------------------------------------------
     def _on_token(self, up: TokenUpdate) -> None:
         self.conn.count_token()
+        if not up.text and not self.conn.settings.vllm_empty_deltas:
+            return  # --no-empty-deltas: the transcript is the same, and most tokens cost no event
         self.conn.send({"type": "transcription.delta", "delta": up.text, "is_final": False,
                         "audio_end_ms": up.audio_end_ms, "words": [w.to_json() for w in up.words]},
                        arrival=up.arrival)

@@ -66,6 +66,28 @@ async def test_vllm_validation_multi_chunk_streaming(start_server, reference):
         assert sum(1 for d in deltas if d["delta"] == "") > len(deltas) // 2
 
 
+@pytest.mark.parametrize("empty_deltas", [True, False])
+async def test_vllm_empty_deltas_can_be_left_out(start_server, reference, empty_deltas):
+    """--no-empty-deltas (`vllm_empty_deltas=False`): a delta only for tokens with text, each with its audio_end_ms
+    and words, and the same transcript and usage; by default one per token, most of them empty, as vLLM sends."""
+    srv = start_server(vllm_empty_deltas=empty_deltas)
+    ws = await open_vllm(srv.ws_url)
+    try:
+        await send_utterance_vllm(ws, AUDIO)
+        deltas, done = await read_utterance_vllm(ws)
+    finally:
+        await ws.close()
+    assert done["text"] == "".join(d["delta"] for d in deltas) == reference(AUDIO) != ""
+    tokens = done["usage"]["completion_tokens"]
+    empty = sum(1 for d in deltas if d["delta"] == "")
+    if empty_deltas:
+        assert tokens <= len(deltas) <= tokens + 1 and empty > len(deltas) // 2
+    else:
+        assert empty == 0 and 0 < len(deltas) < tokens // 2
+        ends = [d["audio_end_ms"] for d in deltas]
+        assert ends == sorted(ends) and all("words" in d for d in deltas)
+
+
 async def test_vllm_empty_commit_then_new_connection(start_server, reference):
     srv = start_server()
     ws = await open_vllm(srv.ws_url)
@@ -308,3 +330,10 @@ async def test_vllm_deltas_arrive_while_audio_streams(start_server):
     finally:
         await ws.close()
     assert np.isfinite(audio).all()
+
+
+def test_the_command_line_leaves_empty_deltas_out_only_when_told() -> None:
+    from stream_server.app import build_parser, settings_from_args
+
+    assert settings_from_args(build_parser().parse_args([]), env={}).vllm_empty_deltas is True
+    assert settings_from_args(build_parser().parse_args(["--no-empty-deltas"]), env={}).vllm_empty_deltas is False
