@@ -8,7 +8,8 @@
 #        DEVICE (cuda; cpu for a dry run), w4: four worker processes, calibrated, each its own interpreter lock;
 #        dr (forty-second session): one process with the shipped drafter (`--drafter models/default_drafter`), whose
 #        flush takes 4-6 steps instead of 17; lag0: one process with `--max-loop-lag-ms 0`, the admission of the
-#        sessions before the forty-second, whose command line made 100 ms the default)
+#        sessions before the forty-second, whose command line made 100 ms the default; ne: one process with
+#        `--no-empty-deltas`, deltas only for tokens with text, so less host work a stream)
 # OUT/{cal,nocal}/: health.json (the calibration and the fitted line), loadtest.json/.txt, server.log,
 # health_trace.jsonl (forty-first session: /health every 0.5 s during the burst, with the event loop's lag).
 set -u
@@ -22,7 +23,8 @@ for mode in ${MODES:-cal nocal}; do
   d=$out/$mode; mkdir -p "$d"
   # nocal, nocal2, ...: repeats in their own folders; wN... (w4, w4b): N worker processes on the port, calibrated
   flag=(); case "$mode" in nocal*) flag=(--no-calibrate);; w[0-9]*) n=${mode#w}; flag=(--workers "${n%%[!0-9]*}");;
-    dr*) flag=(--drafter models/default_drafter);; lag0*) flag=(--max-loop-lag-ms 0);; esac
+    dr*) flag=(--drafter models/default_drafter);; lag0*) flag=(--max-loop-lag-ms 0);; ne*) flag=(--no-empty-deltas);;
+  esac
   t0=$(date +%s.%N)
   python3 -m stream_server --device "${DEVICE:-cuda}" --port $port --max-sessions "${MAX_SESSIONS:-1100}" --max-session-seconds 120 \
     "${flag[@]}" > "$d/server.log" 2>&1 &

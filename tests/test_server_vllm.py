@@ -70,13 +70,7 @@ async def test_vllm_validation_multi_chunk_streaming(start_server, reference):
 async def test_vllm_empty_deltas_can_be_left_out(start_server, reference, empty_deltas):
     """--no-empty-deltas (`vllm_empty_deltas=False`): a delta only for tokens with text, each with its audio_end_ms
     and words, and the same transcript and usage; by default one per token, most of them empty, as vLLM sends."""
-    srv = start_server(vllm_empty_deltas=empty_deltas)
-    ws = await open_vllm(srv.ws_url)
-    try:
-        await send_utterance_vllm(ws, AUDIO)
-        deltas, done = await read_utterance_vllm(ws)
-    finally:
-        await ws.close()
+    deltas, done = await one_utterance(start_server(vllm_empty_deltas=empty_deltas), AUDIO)
     assert done["text"] == "".join(d["delta"] for d in deltas) == reference(AUDIO) != ""
     tokens = done["usage"]["completion_tokens"]
     empty = sum(1 for d in deltas if d["delta"] == "")
@@ -165,14 +159,18 @@ async def test_vllm_example_client_sends_everything_before_reading(start_server,
     assert srv.call(lambda: srv.server.metrics.read_pauses.get("engine_backlog")) > 0
 
 
-async def test_vllm_extras_audio_end_and_words(start_server, reference):
-    srv = start_server()
+async def one_utterance(srv, audio: np.ndarray) -> tuple[list[dict], dict]:
+    """(deltas, done) of one utterance on a fresh session."""
     ws = await open_vllm(srv.ws_url)
     try:
-        await send_utterance_vllm(ws, AUDIO)
-        deltas, done = await read_utterance_vllm(ws)
+        await send_utterance_vllm(ws, audio)
+        return await read_utterance_vllm(ws)
     finally:
         await ws.close()
+
+
+async def test_vllm_extras_audio_end_and_words(start_server, reference):
+    deltas, done = await one_utterance(start_server(), AUDIO)
     dur_ms = len(AUDIO) * 1000 // 16000
     ends = [d["audio_end_ms"] for d in deltas]
     assert all(list(d)[:2] == ["type", "delta"] and d["is_final"] is False for d in deltas)
