@@ -13,8 +13,8 @@ load tester runs in a child process and its CPU is reported too, so a run where 
 of CPU can be told apart (on a 2-core box the two share the cores).
 
 Reported per level: server CPU seconds per stream-second of audio, microseconds per audio message (one
-`input_audio_buffer.append` in and one `transcription.delta` out), the event loop's median lag (/health), and
-the load tester's emission-delay p50/p99. `1 / (CPU s per stream-second)` is how many streams one core's worth
+`input_audio_buffer.append` in and one `transcription.delta` out), the event loop's median lag (the figure /health
+shows, read from the server in this process), and the load tester's emission-delay p50/p99. `1 / (CPU s per stream-second)` is how many streams one core's worth
 of this host path carries, an upper bound for one server process before any model work shares its interpreter.
 """
 
@@ -25,15 +25,14 @@ import json
 import logging
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import defaultdict
 from pathlib import Path
+from resource import RUSAGE_CHILDREN, RUSAGE_SELF, getrusage
 
 import numpy as np
 
@@ -154,17 +153,14 @@ class InstantEngine:
         self.thread_cpu_s = time.thread_time()
 
 
-def health(url: str) -> dict:
-    with urllib.request.urlopen(url + "/health", timeout=5) as r:
-        return json.loads(r.read())
+def recent_lag_ms(srv: ServerThread) -> float:
+    """The server's own loop-lag figure (what /health shows), read on its loop."""
+    return srv.call(lambda: srv.server.loop_lag.recent_s(time.monotonic()) * 1000)
 
 
-def lag_sampler(url: str, stop: threading.Event, into: list[float]) -> None:
+def lag_sampler(srv: ServerThread, stop: threading.Event, into: list[float]) -> None:
     while not stop.wait(0.5):
-        try:
-            into.append(health(url)["event_loop"]["recent_lag_ms"])
-        except OSError:
-            pass
+        into.append(recent_lag_ms(srv))
 
 
 def run_level(streams: int, seconds: float, audio: Path, config: ModelConfig, dialect: str = "vllm",
@@ -177,36 +173,36 @@ def run_level(streams: int, seconds: float, audio: Path, config: ModelConfig, di
     with ServerThread(settings, engine) as srv, tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "loadtest.json"
         cmd = [sys.executable, "-m", "stream_server.loadtest", "--url", srv.ws_url, "--model", MODEL,
-               "--dialect", dialect, "--files", str(audio), "--ramp", str(streams), "--duration", str(seconds), "--processes", "1", "--no-plots", "--quiet",
-               "--out", str(out)]
+               "--dialect", dialect, "--files", str(audio), "--ramp", str(streams), "--duration", str(seconds),
+               "--processes", "1", "--no-plots", "--quiet", "--out", str(out)]
         stop = threading.Event()
-        sampler = threading.Thread(target=lag_sampler, args=(srv.http_url, stop, lags), daemon=True)
-        r0, c0, t0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
+        sampler = threading.Thread(target=lag_sampler, args=(srv, stop, lags), daemon=True)
+        r0, c0, t0 = getrusage(RUSAGE_SELF), getrusage(RUSAGE_CHILDREN), time.time()
         sampler.start()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=seconds * 4 + 120)
         stop.set()
         sampler.join()
-        r1, c1, wall = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN), time.time() - t0
+        r1, c1, wall = getrusage(RUSAGE_SELF), getrusage(RUSAGE_CHILDREN), time.time() - t0
         if proc.returncode != 0:
             raise RuntimeError(f"load tester failed ({proc.returncode}): {proc.stderr[-2000:]}")
         report = json.loads(out.read_text())
-        worst = health(srv.http_url)["event_loop"]["worst_lag_ms"]
+        worst = srv.call(lambda: srv.server.loop_lag.worst_s * 1000)
     engine.stop()
     summary = report["levels"][0]["summary"]
     server_cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     tester_cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
     audio_s = summary["audio_s"]
     messages = audio_s * 1000 / 80  # one 80 ms append in and one delta out per message (the load tester's chunk)
-    # the engine thread's CPU is part of server_cpu; the sampler thread's (two /health requests a second) too, small
-    return {"streams": streams, "dialect": dialect, "empty_deltas": empty_deltas, "completed": summary["completed"], "errors": summary["errors"],
-            "rejected": summary["rejected"], "audio_s": audio_s, "wall_s": round(wall, 1),
+    # the engine thread's CPU is part of server_cpu; the lag sampler's (two reads a second on the loop) too, small
+    return {"streams": streams, "dialect": dialect, "empty_deltas": empty_deltas, "completed": summary["completed"],
+            "errors": summary["errors"], "rejected": summary["rejected"], "audio_s": audio_s, "wall_s": round(wall, 1),
             "server_cpu_s": round(server_cpu, 2), "engine_thread_cpu_s": round(engine.thread_cpu_s, 2),
             "server_cpu_per_stream_second": round(server_cpu / audio_s, 5),
             "server_us_per_message": round(server_cpu / messages * 1e6, 1),
             "load_tester_cpu_s": round(tester_cpu, 2),
             "load_tester_cpu_share_of_wall": round(tester_cpu / wall, 2),
             "loop_lag_median_ms": round(float(np.median(lags)), 2) if lags else None,
-            "loop_lag_worst_ms": worst,
+            "loop_lag_worst_ms": round(worst, 2),
             "emission_delay_p50_ms": rounded(summary.get("delay_p50_ms")),
             "emission_delay_p99_ms": rounded(summary.get("delay_p99_ms"))}
 
@@ -223,8 +219,8 @@ def main() -> int:
     p.add_argument("--audio", type=Path, default=ROOT / "demo" / "samples" / "sample_en.wav")
     p.add_argument("--model", type=Path, default=ROOT / "models" / "default", help="whose config (delays, rates)")
     p.add_argument("--dialect", choices=("vllm", "openai"), default="vllm",
-                   help="the protocol the load tester speaks (OpenAI's events are larger; it gets no audio_end_ms, so "
-                        "no emission delay)")
+                   help="the protocol the load tester speaks (OpenAI's sends no delta for an empty token, and here "
+                        "every token is one: no deltas, so no emission delay)")
     p.add_argument("--no-empty-deltas", action="store_true",
                    help="the server's --no-empty-deltas (vLLM dialect: no event for a token without text; here every "
                         "token is one, so no deltas at all, and no emission delay)")
@@ -246,7 +242,8 @@ def main() -> int:
         for r in rows:
             print(f"{n:7d}  {r['server_cpu_per_stream_second']:23.4f}  {r['server_us_per_message']:12.1f}  "
                   f"{r['engine_thread_cpu_s']:19.2f}  {r['load_tester_cpu_share_of_wall']:22.2f}  "
-                  f"{r['loop_lag_median_ms']!s:>18}  {r['emission_delay_p50_ms']!s:>7} / {r['emission_delay_p99_ms']!s}")
+                  f"{r['loop_lag_median_ms']!s:>18}  "
+                  f"{r['emission_delay_p50_ms']!s:>7} / {r['emission_delay_p99_ms']!s}")
     if args.out is not None:
         args.out.write_text(json.dumps({"tool": "host_path_cost", "machine": platform.processor() or platform.machine(),
                                         "cpus": os.cpu_count(), "args": {k: str(v) for k, v in vars(args).items()},
