@@ -1091,6 +1091,19 @@ def test_shipped_drafter_speculates_losslessly_on_the_shipped_model():
     assert spec.stats.spec_accepted > 0 and spec.steps < base.steps
 
 
+def test_shipped_drafters_window_is_within_its_training_windows():
+    """The shipped drafter was distilled on windows of TrainConfig.seq_len positions (models/README.md's recipe
+    passes no --seq-len), so it never learned a longer attention distance. Its config said 512 until the
+    forty-third session; at 256 its mean acceptance length on the held-out 45 s clips went from 2.58 to 3.46
+    (docs/benchmarks.md, issue 5), as `speculative.train` now sets for every drafter it makes."""
+    from pathlib import Path
+
+    from speculative.train import TrainConfig
+
+    config = load_drafter(Path(__file__).resolve().parent.parent / "models" / "default_drafter").config
+    assert config.sliding_window is not None and config.sliding_window <= TrainConfig().seq_len
+
+
 # ---------------------------------------------------------------------------------------------
 # Tree verification (realtime/engine/tree.py)
 # ---------------------------------------------------------------------------------------------
