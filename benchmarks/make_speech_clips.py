@@ -16,8 +16,8 @@ training voices drawn by their weights, spoken from *train* sentences (distillat
 neither half of the catalogue uses (`voices.unseen_formant_voices`), speaking *train* sentences: audio new
 to the target that is still not the held-out evaluation. `--speed-warp LO HI` plays each clip at a random
 speed factor in that range (resampling: tempo, pitch and formants move together, a cheap new speaker made
-from a known one). `--opus-level L` writes Ogg Opus at that compression level instead of FLAC (a tenth of
-the bytes, for the device's transfer limit). Utterances are joined with 0.25-0.6 s of silence; each is
+from a known one). `--segments` writes each clip's sentences with their spans beside it. `--opus-level L`
+writes Ogg Opus at that compression level instead of FLAC (a tenth of the bytes, for the device's transfer limit). Utterances are joined with 0.25-0.6 s of silence; each is
 peak-normalised like the training shards. Needs the TTS engines of the training pipeline
 (espeak-ng, mbrola voices, flite + the flitew helper) and the corpus file of `.train_carry`.
 """
@@ -25,6 +25,7 @@ peak-normalised like the training shards. Needs the TTS engines of the training 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
@@ -42,7 +43,10 @@ logger = logging.getLogger(__name__)
 RATE = 16000
 
 
-def make_clip(voice: VoiceSpec, texts: list[str], seconds: float, rng: np.random.Generator) -> np.ndarray:
+def make_clip(voice: VoiceSpec, texts: list[str], seconds: float, rng: np.random.Generator,
+              segments: list[dict] | None = None) -> np.ndarray:
+    """Sentences of `texts` by `voice`, each after 0.25-0.6 s of silence, until `seconds` are filled. With
+    `segments` (a list), each spoken sentence is appended to it as {"text", "start_s", "end_s"}."""
     engine = engine_for(voice.engine)
     parts, total = [], 0.0
     for text in texts:
@@ -56,6 +60,9 @@ def make_clip(voice: VoiceSpec, texts: list[str], seconds: float, rng: np.random
             continue
         gap = np.zeros(int(RATE * rng.uniform(0.25, 0.6)), np.float32)
         parts += [gap, (audio * (0.7 / peak)).astype(np.float32)]
+        if segments is not None:
+            start = total + gap.size / RATE
+            segments.append({"text": text, "start_s": round(start, 4), "end_s": round(start + audio.size / RATE, 4)})
         total += (gap.size + audio.size) / RATE
         if total >= seconds:
             return np.concatenate(parts)
@@ -97,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sentences", choices=("train", "test"), default=None,
                     help="corpus split to speak (default: test for held-out voices, train for training voices)")
     ap.add_argument("--corpus", default=".train_carry/corpus.tsv.gz")
+    ap.add_argument("--segments", action="store_true",
+                    help="also write STEM.segments.json: each sentence's text and its span in the clip (seconds); "
+                         "the clips' audio is the same with or without it (benchmarks/long_stream_wer.py reads it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--speed-warp", type=float, nargs=2, metavar=("LO", "HI"), default=None,
                     help="play each clip at a random speed factor in [LO, HI] (resampled)")
@@ -126,8 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [voices[i] for i in rng.choice(len(voices), size=args.count, p=w / w.sum())]
     for i, voice in enumerate(chosen):
         texts = [sentences[j] for j in rng.permutation(len(sentences))[:400]]
-        clip = make_clip(voice, texts, args.seconds, rng)
+        segments: list[dict] = []
+        clip = make_clip(voice, texts, args.seconds, rng, segments)
         stem = f"{args.voices}_{i:02d}_{voice.engine}_{voice.base.replace('+', '-')}"
+        if args.segments:
+            if args.speed_warp:
+                ap.error("--segments does not follow --speed-warp's time change")
+            (out / f"{stem}.segments.json").write_text(json.dumps(segments, indent=1), encoding="utf-8")
         if args.speed_warp:
             clip, factor = speed_warp(clip, float(rng.uniform(*args.speed_warp)))
             stem += f"_x{factor:.4g}"

@@ -268,3 +268,51 @@ def test_instant_engine_decodes_each_whole_token_of_audio_once_and_ends_on_finis
     assert all(t.text == "" and t.token_id == cfg.tokens.streaming_pad for t in tokens)
     assert isinstance(events[-1], StreamDone) and events[-1].completion_tokens == 2
     assert eng.stats().tokens_emitted == 2 and eng.stats().active_streams == 0
+
+
+@pytest.mark.skipif(__import__("shutil").which("espeak-ng") is None and not __import__("os").environ.get("CI"),
+                    reason="espeak-ng is not installed (CI installs it)")
+def test_make_clip_segments_name_each_sentence_and_leave_the_audio_alone() -> None:
+    """`make_speech_clips.py --segments`: each spoken sentence's span, in order, inside the clip and over its speech
+    (not the silence between); the bookkeeping draws nothing from the generator, so a seed makes the same clip
+    with or without it. (Two syntheses are not compared: espeak-ng's output varies by a few samples from one call to
+    the next within a process, while a fresh process reproduces the same files.)"""
+    from make_speech_clips import make_clip
+
+    from realtime.train.voices import VoiceSpec
+
+    voice = VoiceSpec("espeak", "en-us", "en-us", False, 1.0)
+    texts = ["the cat sat on the mat", "a quick brown fox", "seven days a week", "hello there my friend"]
+    segments: list[dict] = []
+    with_rng, without_rng = np.random.default_rng(5), np.random.default_rng(5)
+    clip = make_clip(voice, texts, 4.0, with_rng, segments)
+    make_clip(voice, texts, 4.0, without_rng)
+    assert with_rng.bit_generator.state == without_rng.bit_generator.state
+    assert [s["text"] for s in segments] == texts[: len(segments)] and len(segments) >= 2
+    ends = [0.0] + [s["end_s"] for s in segments]
+    for s, prev_end in zip(segments, ends):
+        assert prev_end + 0.25 - 1e-3 <= s["start_s"] < s["end_s"] <= clip.size / RATE + 1e-3
+        speech = clip[int(s["start_s"] * RATE): int(s["end_s"] * RATE)]
+        gap = clip[int(prev_end * RATE) + 1: int(s["start_s"] * RATE) - 1]
+        assert np.abs(speech).max() > 0.5 and (gap.size == 0 or np.abs(gap).max() == 0)
+
+
+def test_long_stream_wer_gives_each_word_to_the_sentence_whose_share_holds_it(tmp_path) -> None:
+    """benchmarks/long_stream_wer.py: a sentence's share of the clip runs from the middle of the gap before it to
+    the middle of the gap after it (the first from 0, the last to the end); a word goes to the share holding its
+    start; WER counts an empty hypothesis as deletions."""
+    import json
+
+    from long_stream_wer import assign_words, sentences_of, wer
+
+    clip = tmp_path / "c.flac"
+    (tmp_path / "c.segments.json").write_text(json.dumps([
+        {"text": "One two", "start_s": 0.5, "end_s": 1.5}, {"text": "three", "start_s": 2.5, "end_s": 3.0},
+        {"text": "four five", "start_s": 4.0, "end_s": 5.0}]))
+    s = sentences_of(clip, 6.0)
+    assert [(x.text, x.lo_s, x.hi_s) for x in s] == [("one two", 0.0, 2.0), ("three", 2.0, 3.5),
+                                                      ("four five", 3.5, 6.0)]
+    assign_words(s, [("one", 0.1), ("two", 1.99), ("three", 2.0), ("for", 3.6), ("five", 7.0)])
+    assert [x.in_stream for x in s] == ["one two", "three", "for five"]
+    assert wer([x.text for x in s], [x.in_stream for x in s]) == {"wer": 20.0, "words": 5, "sentences": 3}
+    assert wer(["a b"], [""])["wer"] == 100.0

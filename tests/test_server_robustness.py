@@ -276,9 +276,12 @@ async def test_keepalive_spares_a_client_whose_pong_waits_behind_its_audio(start
     backpressure, so its pong to a keepalive ping waits in the socket behind its own audio until the engine catches
     up. That is the server not reading, not the client failing to answer: the session must go on. (With the
     websockets library's own keepalive, this closed the session with 1011 after the ping timeout: a 30-minute file
-    sent at 50x real time to the default model on the CPU was cut after 40 s.)"""
-    slow = ThrottledEngine(engine, rate=4.0)
-    srv = start_server(engine_override=slow, ping_interval_s=0.2, ping_timeout_s=0.5, max_pending_audio_s=0.3)
+    sent at 50x real time to the default model on the CPU was cut after 40 s.)
+    The engine decodes at real time, so the pong waits seconds, several times the 1.5 s timeout, while the time
+    the server spends reading before it stays well under it (a 0.5 s timeout at 4x real time counted one timeout
+    once on a CI-like box whose two cores were busy with other work)."""
+    slow = ThrottledEngine(engine, rate=1.0)
+    srv = start_server(engine_override=slow, ping_interval_s=0.2, ping_timeout_s=1.5, max_pending_audio_s=0.3)
     audio = clip(6.0, seed=48)
     try:
         ws = await open_vllm(srv.ws_url)
