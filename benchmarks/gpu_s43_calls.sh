@@ -44,11 +44,13 @@ case "$call" in
     for w in ${WINDOWS:-256 128}; do
       d=/tmp/drafter_w$w; mkdir -p "$d"; cp models/default_drafter/drafter.safetensors "$d/"
       python3 -c "import json, sys; c = json.load(open('models/default_drafter/drafter_config.json'))
-c['config']['sliding_window'] = int(sys.argv[1]); json.dump(c, open(sys.argv[2], 'w'), indent=2)" "$w" "$d/drafter_config.json"
+c['config']['sliding_window'] = int(sys.argv[1]); json.dump(c, open(sys.argv[2], 'w'), indent=2)" \
+        "$w" "$d/drafter_config.json"
       DRAFTER=$d ONLY=b1_chain bash benchmarks/gpu_spec_remeasure.sh "$out/r/heldout_w$w" .whl_gpu 2>/dev/null
       [ -n "$first" ] || first=$d
     done
-    AUDIO=.bench_audio_seen DRAFTER=$first ONLY=b1_chain bash benchmarks/gpu_spec_remeasure.sh "$out/r/seen_first" .whl_gpu 2>/dev/null
+    AUDIO=.bench_audio_seen DRAFTER=$first ONLY=b1_chain \
+      bash benchmarks/gpu_spec_remeasure.sh "$out/r/seen_first" .whl_gpu 2>/dev/null
     DRAFTER=$first ONLY=b16_64 bash benchmarks/gpu_spec_remeasure.sh "$out/r/b16_64_first" .whl_gpu 2>/dev/null
     ;;
   3)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Forty-second session: issue 5's speed-ups re-measured for the shipped target and drafter, one device call (~5 min on
-# one GPU): batch 1 with the chain of K drafts (3 alternating repeats), batch 1 with a tree of TREE nodes (3 repeats since the forty-third session), then batches
-# 16 and 64 with the end-of-stream flush; bf16, the 5 held-out clips of 45 s.
+# one GPU): batch 1 with the chain of K drafts (3 alternating repeats), batch 1 with a tree of TREE nodes (3 repeats
+# since the forty-third session, 1 before), then batches 16 and 64 with the end-of-stream flush; bf16, the 5 held-out
+# clips of 45 s.
 #   carry [".whl_gpu", ".bench_audio"]; bash benchmarks/gpu_spec_remeasure.sh OUT [WHEELS] [K] [TREE]
 # DEVICE=cpu (env) is a dry run here: fp32, clips of 3 s, one repeat. ONLY="b1_chain b16_64" (env) runs those alone.
 # DTYPE=fp32 (env; default bf16 on the GPU) checks losslessness where rounding cannot differ between batch shapes:
@@ -21,8 +22,9 @@ fi
 bench() {  # NAME TIMEOUT ARGS...: one bench_speculative.py run, its table printed
   local name=$1 limit=$2; shift 2
   case " ${ONLY:-b1_chain b1_tree b16_64} " in *" $name "*) ;; *) return 0;; esac
-  timeout "$limit" python3 benchmarks/bench_speculative.py --target models/default --drafter "${DRAFTER:-models/default_drafter}" \
-    --audio "${AUDIO:-.bench_audio}"/* --device "$dev" --dtype "$dtype" --k "$k" --out "$out/$name.json" "$@" > "$out/$name.log" 2>&1
+  timeout "$limit" python3 benchmarks/bench_speculative.py --target models/default \
+    --drafter "${DRAFTER:-models/default_drafter}" --audio "${AUDIO:-.bench_audio}"/* --device "$dev" --dtype "$dtype" \
+    --k "$k" --out "$out/$name.json" "$@" > "$out/$name.log" 2>&1
   echo "== $name rc=$?"; grep -E "bench_speculative:|speedup_batch1\"|mean_acceptance_length\"" "$out/$name.log" | cut -c1-300
 }
 bench b1_chain 150 --clip-seconds "$clip" --batches 1 --repeats "$reps" --skip-flush

@@ -17,8 +17,8 @@ neither half of the catalogue uses (`voices.unseen_formant_voices`), speaking *t
 to the target that is still not the held-out evaluation. `--speed-warp LO HI` plays each clip at a random
 speed factor in that range (resampling: tempo, pitch and formants move together, a cheap new speaker made
 from a known one). `--segments` writes each clip's sentences with their spans beside it. `--opus-level L`
-writes Ogg Opus at that compression level instead of FLAC (a tenth of the bytes, for the device's transfer limit). Utterances are joined with 0.25-0.6 s of silence; each is
-peak-normalised like the training shards. Needs the TTS engines of the training pipeline
+writes Ogg Opus at that compression level instead of FLAC (a tenth of the bytes, for the device's transfer
+limit). Utterances are joined with 0.25-0.6 s of silence; each is peak-normalised like the training shards. Needs the TTS engines of the training pipeline
 (espeak-ng, mbrola voices, flite + the flitew helper) and the corpus file of `.train_carry`.
 """
 

@@ -1,7 +1,8 @@
 """Distil an Eagle drafter from a target checkpoint on audio.
 
     python -m speculative.train --target DIR --audio FILES... --out DIR --steps N
-        [--device cuda --dtype bf16] [--delays 480 ...] [--k 4] [--layers 1] [--window W <= --seq-len] [--dropout P] ...
+        [--device cuda --dtype bf16] [--delays 480 ...] [--k 4] [--layers 1] [--seq-len 256] [--window W]
+        [--dropout P] ...     (--window: at most --seq-len, which is its default)
 
 1. Teacher data: the target transcribes every file (greedy, through the batched offline engine) at
    each delay; a teacher-forced pass over its own greedy tokens (chunked, sliding-window caches)
