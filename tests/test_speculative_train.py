@@ -277,8 +277,8 @@ def test_a_parallel_drafter_starts_from_a_chained_drafters_weights(tiny_ckpt, tm
     clips = [synthetic_audio(1.5, seed=11)]
     chained = train_drafter(model, clips, tmp_path / "chained", TrainConfig(steps=3, batch=2, seq_len=16),
                             eval_audios=[]).out_dir
-    par = train_drafter(model, clips, tmp_path / "par", TrainConfig(steps=0, parallel=True, seq_len=16, init_from=str(chained)),
-                        eval_audios=[]).out_dir
+    par = train_drafter(model, clips, tmp_path / "par",
+                        TrainConfig(steps=0, parallel=True, seq_len=16, init_from=str(chained)), eval_audios=[]).out_dir
     a, b = load_drafter(chained).state_dict(), load_drafter(par).state_dict()
     assert set(b) - set(a) == {"mask_embedding"} and not b["mask_embedding"].any()
     assert all(torch.equal(a[k], b[k]) for k in a)
