@@ -316,3 +316,14 @@ def test_long_stream_wer_gives_each_word_to_the_sentence_whose_share_holds_it(tm
     assert [x.in_stream for x in s] == ["one two", "three", "for five"]
     assert wer([x.text for x in s], [x.in_stream for x in s]) == {"wer": 20.0, "words": 5, "sentences": 3}
     assert wer(["a b"], [""])["wer"] == 100.0
+
+
+def test_accent_variant_probe_names_which_half_each_part_of_a_voice_is_from() -> None:
+    """benchmarks/accent_variant_probe.py labels an espeak-ng voice ACCENT[+VARIANT] by the catalogue's halves."""
+    from accent_variant_probe import kind_of
+
+    assert kind_of("en-029+m6") == "accent held-out, variant held-out"
+    assert kind_of("en-029+m3") == "accent held-out, variant train"
+    assert kind_of("en-029") == "accent held-out, variant train"  # no variant: the training voices' plain one
+    assert kind_of("en-us+f4") == "accent train, variant held-out"
+    assert kind_of("en-gb-x-gbcwmd+Alex") == "accent neither, variant neither"
