@@ -33,20 +33,23 @@ from realtime.train.voices import HELDOUT_ACCENTS, HELDOUT_VARIANTS, TRAIN_ACCEN
 logger = logging.getLogger("benchmarks.accent_variant_probe")
 
 
-def kind_of(base: str) -> str:
-    """'accent seen/held-out, variant seen/held-out' for an espeak-ng voice name ACCENT[+VARIANT]."""
+def kind_of(name: str) -> str:
+    """'accent seen/held-out, variant seen/held-out' for an espeak-ng voice name ACCENT[+VARIANT][#RULES]."""
+    base, _, rules = name.partition("#")
     accent, _, variant = base.partition("+")
 
     def side(x: str, train: tuple[str, ...], held: tuple[str, ...]) -> str:
         return "train" if x in train else "held-out" if x in held else "neither"
 
     accent_side = side(accent, TRAIN_ACCENTS, HELDOUT_ACCENTS)
-    return f"accent {accent_side}, variant {side(variant, TRAIN_VARIANTS, HELDOUT_VARIANTS)}"
+    kind = f"accent {accent_side}, variant {side(variant, TRAIN_VARIANTS, HELDOUT_VARIANTS)}"
+    return kind + (f", rewritten: {rules}" if rules else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--voices", nargs="+", required=True, help="espeak-ng voice names, ACCENT[+VARIANT]")
+    ap.add_argument("--voices", nargs="+", required=True,
+                    help="espeak-ng voice names, ACCENT[+VARIANT], optionally #RULES+RULES (accents.py rewrites)")
     ap.add_argument("--sentences", type=int, default=40)
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "default")
     ap.add_argument("--corpus", type=Path, default=ROOT / ".train_carry" / "corpus.tsv.gz")
@@ -60,18 +63,19 @@ def main(argv: list[str] | None = None) -> int:
     texts = [tests[i] for i in rng.permutation(len(tests))[: args.sentences]]
     engine = engine_for("espeak")
     items = []
-    for base in args.voices:
-        voice = VoiceSpec("espeak", base, base, False, 1.0)
+    for name in args.voices:
+        base, _, rules = name.partition("#")
+        voice = VoiceSpec("espeak", base, name, False, 1.0, tuple(rules.split("+")) if rules else ())
         for j, text in enumerate(texts):
             # the same speed and pitch draw for utterance j whatever the voice
             audio, _ = engine.synthesize(voice.render(np.random.default_rng([args.seed, j])), text.split())
-            items.append(EvalItem("probe", base, 480, normalize_text(text), audio.astype(np.float32)))
-        logger.info("%s: %d utterances synthesised", base, len(texts))
+            items.append(EvalItem("probe", name, 480, normalize_text(text), audio.astype(np.float32)))
+        logger.info("%s: %d utterances synthesised", name, len(texts))
     result = decode_and_score(args.model, items, workers=args.workers)
     rows = {v: result["probe"][v]["480"]["wer"] for v in args.voices}
-    print(f"{'voice':24s} {'kind':44s} WER")
+    print(f"{'voice':40s} {'kind':72s} WER")
     for v in args.voices:
-        print(f"{v:24s} {kind_of(v):44s} {rows[v]:.1f}%")
+        print(f"{v:40s} {kind_of(v):72s} {rows[v]:.1f}%")
     if args.out is not None:
         report = {"model": str(args.model), "sentences": len(texts), "seed": args.seed,
                   "wer": rows, "kinds": {v: kind_of(v) for v in args.voices}, "result": result}

@@ -38,7 +38,8 @@ echo "parts: ${parts[*]}"
 python3 -m realtime.train.presynth merge --out "$C/presynth" "${parts[@]}" || exit 4
 timeout 580 python3 -m realtime.train.gpu_run run --carry "$C" --out "$OUT" \
   --minutes "$minutes" --seed "$seed" --init-from "$S/default" --warmup-steps 100 --lr "$lr" --p-eq 0.25 \
-  --unseen-formant-weight 2 --ema-decay 0.999 --dropout "$dropout" > /tmp/train_stdout.log 2>&1
+  --unseen-formant-weight 2 --accent-rewrite-weight "${ACCENT_REWRITE_WEIGHT:-0}" --ema-decay 0.999 \
+  --dropout "$dropout" > /tmp/train_stdout.log 2>&1
 rc=$?; echo "run rc=$rc"; [ $rc = 0 ] || tail -30 /tmp/train_stdout.log
 grep -E "pre-synthesised|voices left out|held-out|WER|done in" "$OUT/run.log" | tail -12
 ls -la "$OUT"

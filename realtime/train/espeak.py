@@ -34,6 +34,8 @@ _SYNCHRONOUS = 2
 _INIT_DONT_EXIT = 0x8000
 _CHARS_UTF8 = 1
 _SSML = 0x10
+_PHONEMES = 0x100  # espeakPHONEMES: [[...]] in the text is phoneme input
+_PHONEME_MNEMONICS = 0  # espeak_TextToPhonemes: espeak-ng's ASCII phoneme names (what [[...]] takes)
 _EV_MARK = 3
 _EV_SAMPLERATE = 8
 _EV_LIST_TERMINATED = 0
@@ -63,6 +65,8 @@ class EspeakVoice:
     rate_wpm: int = 175
     pitch: int = 50  # 0..99
     pitch_range: int = 50  # 0..99
+    # accent rule sets (accents.py): each word is spoken from its phonemes in this voice's accent, rewritten
+    rewrite: tuple[str, ...] = ()
 
 
 def default_library() -> tuple[str, str | None]:
@@ -109,6 +113,8 @@ class EspeakSynth:
         lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.espeak_Synth.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
                                      ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+        lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
+        lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
         rate = lib.espeak_Initialize(_SYNCHRONOUS, 0, data_path.encode() if data_path else None, _INIT_DONT_EXIT)
         if rate <= 0:
             raise EspeakError(f"espeak_Initialize failed ({rate}) with data path {data_path!r}")
@@ -134,8 +140,16 @@ class EspeakSynth:
             i += 1
         return 0
 
-    def synthesize(self, voice: EspeakVoice, words: list[str]) -> tuple[np.ndarray, list[TimedWord]]:
-        """16 kHz float32 audio and the time span of every input word."""
+    def phonemes(self, voice: EspeakVoice, word: str) -> str:
+        """`word` as `voice`'s accent says it: espeak-ng's phoneme mnemonics, stress marks included."""
+        self._take(voice)
+        buf = ctypes.create_string_buffer(word.encode("utf-8") + b"\0")
+        ptr = ctypes.c_void_p(ctypes.addressof(buf))
+        out = self._lib.espeak_TextToPhonemes(ctypes.byref(ptr), _CHARS_UTF8, _PHONEME_MNEMONICS)
+        return (out or b"").decode("utf-8", "replace").strip()
+
+    def _take(self, voice: EspeakVoice) -> None:
+        """The library's callback and `voice` are this instance's."""
         if _OWNER.get(self.library) != id(self):  # another instance holds the library's callback and voice
             self._lib.espeak_SetSynthCallback(self._cb)
             _OWNER[self.library] = id(self)
@@ -146,11 +160,33 @@ class EspeakSynth:
                                   f"program and voice files)")
             self._voice = voice.name
             self._rate = None  # the new voice reports its own on its first utterance
+
+    def synthesize(self, voice: EspeakVoice, words: list[str]) -> tuple[np.ndarray, list[TimedWord]]:
+        """16 kHz float32 audio and the time span of every input word (with `voice.rewrite`: spoken from each
+        word's rewritten phonemes, accents.py)."""
+        if voice.rewrite:
+            from .accents import rewrite_phonemes
+
             if voice.name.startswith("mb-"):
-                # the first utterance after loading an mbrola voice has been seen cut short (its tail
-                # and the end mark lost, espeak-ng 1.51): spend it on a throw-away phrase
-                self._run(voice, ["hello", "there"])
-        audio = self._run(voice, words)
+                raise EspeakError(f"accent rewrites are for formant voices, not the mbrola voice {voice.name}")
+            spoken = []
+            for w in words:
+                ph = rewrite_phonemes(self.phonemes(voice, w), voice.rewrite)
+                if not ph or "]" in ph:
+                    raise EspeakError(f"voice {voice.name}: no phonemes to rewrite for {w!r} ({ph!r})")
+                spoken.append(f"[[{ph}]]")
+            audio, spans = self._synthesize(voice, spoken, _PHONEMES)
+            return audio, [TimedWord(w, t.start, t.end) for w, t in zip(words, spans)]
+        return self._synthesize(voice, words, 0)
+
+    def _synthesize(self, voice: EspeakVoice, words: list[str], flags: int) -> tuple[np.ndarray, list[TimedWord]]:
+        loaded = voice.name != self._voice or _OWNER.get(self.library) != id(self)
+        self._take(voice)
+        if loaded and voice.name.startswith("mb-"):
+            # the first utterance after loading an mbrola voice has been seen cut short (its tail
+            # and the end mark lost, espeak-ng 1.51): spend it on a throw-away phrase
+            self._run(voice, ["hello", "there"])
+        audio = self._run(voice, words, flags)
         starts = dict(self._marks)
         missing = [i for i in range(len(words)) if f"w{i}" not in starts]
         total_s = audio.size / OUT_RATE
@@ -161,17 +197,20 @@ class EspeakSynth:
         spans = [(t[i], max(t[i], t[i + 1])) for i in range(len(words))]
         return audio, trim_word_ends(audio, OUT_RATE, words, spans)
 
-    def _run(self, voice: EspeakVoice, words: list[str]) -> np.ndarray:
+    def _run(self, voice: EspeakVoice, words: list[str], flags: int = 0) -> np.ndarray:
         self._lib.espeak_SetParameter(_PARAM_RATE, int(voice.rate_wpm), 0)
         self._lib.espeak_SetParameter(_PARAM_PITCH, int(voice.pitch), 0)
         self._lib.espeak_SetParameter(_PARAM_RANGE, int(voice.pitch_range), 0)
         # a mark before every word, and one at the end: a mark right at the end is otherwise lost
         # no <speak> root: its end would reset the voice to the default (module docstring)
-        ssml = " ".join(f'<mark name="w{i}"/>{escape(w)}' for i, w in enumerate(words)) + ' <mark name="end"/>'
+        # phoneme input keeps its stress marks (') as they are: an entity there would not be read as one
+        quote = not flags & _PHONEMES
+        ssml = " ".join(f'<mark name="w{i}"/>{escape(w, quote=quote)}' for i, w in enumerate(words))
+        ssml += ' <mark name="end"/>'
         data = ssml.encode("utf-8") + b"\0"
         self._chunks, self._marks = [], []
         buf = ctypes.create_string_buffer(data)
-        err = self._lib.espeak_Synth(buf, len(data), 0, 0, 0, _CHARS_UTF8 | _SSML, None, None)
+        err = self._lib.espeak_Synth(buf, len(data), 0, 0, 0, _CHARS_UTF8 | _SSML | flags, None, None)
         if err != 0:
             raise EspeakError(f"espeak_Synth failed ({err}) for voice {voice.name}")
         self._lib.espeak_Synchronize()

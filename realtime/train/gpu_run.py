@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     install_wheels(carry, WORK)
     from .voices import VoiceSpec, available, catalogue, mbrola_probe_voice
 
-    train_v, held_v = catalogue(args.unseen_formant_weight)
+    train_v, held_v = catalogue(args.unseen_formant_weight, args.accent_rewrite_weight)
     # every training voice's catalogue weight, carried speech included (BatchConfig.voice_share)
     voice_weights = weights_with_overrides(train_v, args.voice_weight, args.voice_share)
     espeak_data = os.environ.get("STREAMSCRIBE_ESPEAK_DATA")
@@ -370,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--unseen-formant-weight", type=float, default=0.0,
                    help="also train on the formant voices of voices.unseen_formant_voices, sharing this weight "
                         "(the usual formant voices share 2.3 of about 22)")
+    r.add_argument("--accent-rewrite-weight", type=float, default=0.0,
+                   help="also train on voices.accent_rewrite_voices (training formant voices speaking through the "
+                        "accent rule sets of accents.py: pronunciation variety), sharing this weight")
     r.add_argument("--p-eq", type=float, default=0.0,
                    help="share of rows given the random equaliser (augment.draw_eq); run 12 used 0.5")
     d = AugmentConfig()

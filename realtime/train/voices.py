@@ -87,10 +87,11 @@ class VoiceSpec:
     speaker: str  # split key
     female: bool
     weight: float  # relative share of training utterances
+    rewrite: tuple[str, ...] = ()  # espeak formant voices only: accent rule sets (accents.py)
 
     @property
     def key(self) -> str:
-        return f"{self.engine}:{self.base}"
+        return f"{self.engine}:{self.base}" + (f"#{'+'.join(self.rewrite)}" if self.rewrite else "")
 
     @property
     def is_mbrola(self) -> bool:
@@ -132,7 +133,7 @@ class VoiceSpec:
                 f0 = float(rng.uniform(150, 230))
             return FliteVoice(self.base, stretch=1.0 / speed, f0_mean=f0)
         return EspeakVoice(self.base, rate_wpm=round(175 * speed), pitch=rng.integers(25, 76).item(),
-                           pitch_range=rng.integers(30, 71).item())
+                           pitch_range=rng.integers(30, 71).item(), rewrite=self.rewrite)
 
 
 def _formant(accent: str, variant: str, weight: float) -> VoiceSpec:
@@ -140,13 +141,16 @@ def _formant(accent: str, variant: str, weight: float) -> VoiceSpec:
     return VoiceSpec("espeak", base, f"espeak-formant:{base}", variant.startswith("f"), weight)
 
 
-def catalogue(unseen_formant_weight: float = 0.0) -> tuple[list[VoiceSpec], list[VoiceSpec]]:
+def catalogue(unseen_formant_weight: float = 0.0, accent_rewrite_weight: float = 0.0
+              ) -> tuple[list[VoiceSpec], list[VoiceSpec]]:
     """(training voices, held-out voices). Weights: recorded-speaker voices carry most of the data;
     the formant voices (poor acoustic match to real speech, speech_data.md §8) about a quarter.
 
     `unseen_formant_weight` > 0 also trains on `unseen_formant_voices()`, sharing that total weight
     (the 70 usual formant voices share 2.3): more formant speakers for a run, at the price of those
-    voices no longer being new to the model it trains (drafter distillation audio)."""
+    voices no longer being new to the model it trains (drafter distillation audio).
+    `accent_rewrite_weight` > 0 also trains on `accent_rewrite_voices()` (pronunciation variety: accents.py),
+    sharing that total weight. Both are off by default, so the default catalogue and its seeded draws stay put."""
     train = [
         VoiceSpec("flite", "slt", "slt", True, 1.5),
         VoiceSpec("flite", "rms", "rms", False, 1.5),
@@ -187,6 +191,9 @@ def catalogue(unseen_formant_weight: float = 0.0) -> tuple[list[VoiceSpec], list
     if unseen_formant_weight > 0:
         extra = unseen_formant_voices()
         train += [replace(v, weight=unseen_formant_weight / len(extra)) for v in extra]
+    if accent_rewrite_weight > 0:
+        accented = accent_rewrite_voices()
+        train += [replace(v, weight=accent_rewrite_weight / len(accented)) for v in accented]
     heldout = [
         VoiceSpec("flite", "awb", "awb", False, 1.0),
         VoiceSpec("espeak", "mb-us3", "us3", False, 1.0),
@@ -202,6 +209,26 @@ def unseen_formant_voices() -> list[VoiceSpec]:
     New to the trained model (no training voice uses the variant) and disjoint from the held-out
     voices (whose accents and variants these do not use); equal weights."""
     return [_formant(a, v, 1.0) for a in TRAIN_ACCENTS for v in UNSEEN_VARIANTS]
+
+
+def accent_rewrite_voices() -> list[VoiceSpec]:
+    """Training formant voices speaking through the accent rule sets of `accents.REWRITE_SETS`: each training
+    accent with each rule set, on two training variants per (accent, set) pair taken in turn, so the 14 variants all
+    appear; each such voice is its own speaker. Neither held-out accent is used (their accents stay unheard), and
+    no rule set is read off them (accents.py); equal weights."""
+    from .accents import REWRITE_SETS
+
+    out = []
+    k = 0
+    for accent in TRAIN_ACCENTS:
+        for rules in REWRITE_SETS:
+            for _ in range(2):
+                variant = TRAIN_VARIANTS[k % len(TRAIN_VARIANTS)]
+                k += 1
+                base = accent + (f"+{variant}" if variant else "")
+                out.append(VoiceSpec("espeak", base, f"espeak-accent:{base}#{'+'.join(rules)}",
+                                     variant.startswith("f"), 1.0, rules))
+    return out
 
 
 def mbrola_voice_available(name: str, espeak_data: str | None) -> bool:
