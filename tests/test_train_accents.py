@@ -90,25 +90,29 @@ def test_a_rewritten_voice_speaks_its_words_with_their_times() -> None:
 
 
 def test_a_rewritten_voice_sends_the_rewritten_phonemes_as_phoneme_input(monkeypatch) -> None:
-    """What the library is asked to speak: each word as `[[its rewritten phonemes]]`, with the phoneme-input flag;
-    a plain voice still sends the words as text, without it."""
+    """What the library is asked to speak: the sentence as one `[[...]]` of the words' rewritten phonemes (one phrase:
+    its intonation and joins kept), with the phoneme-input flag and an end mark; a plain voice still sends the words
+    as text between marks, without the flag."""
     from realtime.train import espeak
     from realtime.train.espeak import EspeakVoice
 
     synth = _espeak()
-    sent: list[tuple[list[str], int]] = []
-    real_run = espeak.EspeakSynth._run
+    sent: list[tuple[str, int]] = []
+    real_speak = espeak.EspeakSynth._speak
 
-    def recording(self, voice, words, flags=0):
-        sent.append((list(words), flags))
-        return real_run(self, voice, words, flags)
+    def recording(self, voice, ssml, flags):
+        sent.append((ssml, flags))
+        return real_speak(self, voice, ssml, flags)
 
-    monkeypatch.setattr(espeak.EspeakSynth, "_run", recording)
+    monkeypatch.setattr(espeak.EspeakSynth, "_speak", recording)
     words = ["think", "of", "the", "weather"]
     synth.synthesize(EspeakVoice("en-us", rewrite=("th-fronting", "non-rhotic")), words)
     synth.synthesize(EspeakVoice("en-us"), words)
     (phonemic, flags), (text, plain_flags) = sent[-2:]
     own = [synth.phonemes(EspeakVoice("en-us"), w) for w in words]
-    assert phonemic == [f"[[{rewrite_phonemes(p, ('th-fronting', 'non-rhotic'))}]]" for p in own]
-    assert phonemic[0] == "[[f'INk]]" and phonemic[3].endswith("@]]")  # "fink", "wevva"
-    assert flags & espeak._PHONEMES and text == words and not plain_flags & espeak._PHONEMES
+    rewritten = [rewrite_phonemes(p, ("th-fronting", "non-rhotic")) for p in own]
+    assert phonemic == "[[" + " ".join(rewritten) + ']] <mark name="end"/>'
+    assert rewritten[0] == "f'INk" and rewritten[3].endswith("@")  # "fink", "wevva"
+    assert flags & espeak._PHONEMES and not plain_flags & espeak._PHONEMES
+    assert text == ('<mark name="w0"/>think <mark name="w1"/>of <mark name="w2"/>the <mark name="w3"/>weather '
+                    '<mark name="end"/>')

@@ -36,6 +36,7 @@ _CHARS_UTF8 = 1
 _SSML = 0x10
 _PHONEMES = 0x100  # espeakPHONEMES: [[...]] in the text is phoneme input
 _PHONEME_MNEMONICS = 0  # espeak_TextToPhonemes: espeak-ng's ASCII phoneme names (what [[...]] takes)
+_EV_WORD = 1
 _EV_MARK = 3
 _EV_SAMPLERATE = 8
 _EV_LIST_TERMINATED = 0
@@ -121,6 +122,7 @@ class EspeakSynth:
         self._default_rate = rate
         self._chunks: list[np.ndarray] = []
         self._marks: list[tuple[str, int]] = []
+        self._words: list[int] = []  # word events' audio positions (ms), for phoneme input (no marks inside [[...]])
         self._rate: int | None = None
         self._cb = _CALLBACK(self._on_audio)  # keep a reference: the library calls it later
         lib.espeak_SetSynthCallback(self._cb)
@@ -135,6 +137,8 @@ class EspeakSynth:
             ev = events[i]
             if ev.type == _EV_MARK and ev.id.name:
                 self._marks.append((ev.id.name.decode(), ev.audio_position))
+            elif ev.type == _EV_WORD and ev.length > 0:  # a phrase's end also gives a word event, of no length
+                self._words.append(ev.audio_position)
             elif ev.type == _EV_SAMPLERATE:
                 self._rate = ev.id.number
             i += 1
@@ -165,28 +169,49 @@ class EspeakSynth:
         """16 kHz float32 audio and the time span of every input word (with `voice.rewrite`: spoken from each
         word's rewritten phonemes, accents.py)."""
         if voice.rewrite:
-            from .accents import rewrite_phonemes
+            return self._synthesize_rewritten(voice, words)
+        return self._synthesize(voice, words)
 
-            if voice.name.startswith("mb-"):
-                raise EspeakError(f"accent rewrites are for formant voices, not the mbrola voice {voice.name}")
-            spoken = []
-            for w in words:
-                ph = rewrite_phonemes(self.phonemes(voice, w), voice.rewrite)
-                if not ph or "]" in ph:
-                    raise EspeakError(f"voice {voice.name}: no phonemes to rewrite for {w!r} ({ph!r})")
-                spoken.append(f"[[{ph}]]")
-            audio, spans = self._synthesize(voice, spoken, _PHONEMES)
-            return audio, [TimedWord(w, t.start, t.end) for w, t in zip(words, spans)]
-        return self._synthesize(voice, words, 0)
+    def _synthesize_rewritten(self, voice: EspeakVoice, words: list[str]) -> tuple[np.ndarray, list[TimedWord]]:
+        """The sentence spoken as one phrase of phoneme input, each word's phonemes rewritten (accents.py). Marks
+        cannot go inside a `[[...]]`, so each word's start comes from espeak-ng's word events, one per
+        space-separated word. Each word is phonemised alone: its citation form ("will" w'Il, where the sentence
+        says wI2l), since the sentence's own phonemes run words together ("for the" f3D@2) and cannot be split back
+        into them. Speaking from phonemes costs the shipped model about 7 points of WER by itself (the `none` rule
+        set, a control); the citation forms are the likely reason."""
+        from .accents import rewrite_phonemes
 
-    def _synthesize(self, voice: EspeakVoice, words: list[str], flags: int) -> tuple[np.ndarray, list[TimedWord]]:
+        if voice.name.startswith("mb-"):
+            raise EspeakError(f"accent rewrites are for formant voices, not the mbrola voice {voice.name}")
+        spoken = []
+        for w in words:
+            ph = rewrite_phonemes(self.phonemes(voice, w), voice.rewrite)
+            if not ph or " " in ph or "]" in ph:  # one word each, and nothing that would close the [[...]]
+                raise EspeakError(f"voice {voice.name}: no phonemes to rewrite for {w!r} ({ph!r})")
+            spoken.append(ph)
+        self._take(voice)
+        audio = self._run_phrase(voice, "[[" + " ".join(spoken) + "]]")
+        starts, ends = self._words, dict(self._marks)
+        total_s = audio.size / OUT_RATE
+        if len(starts) != len(words) or "end" not in ends or ends["end"] - starts[-1] < 30:
+            raise EspeakError(f"voice {voice.name}: {len(starts)} word events for {len(words)} words, end "
+                              f"{ends.get('end')} ms, {total_s:.2f} s of audio")
+        t = [x / 1000.0 for x in starts] + [min(ends["end"] / 1000.0, total_s)]
+        spans = [(t[i], max(t[i], t[i + 1])) for i in range(len(words))]
+        return audio, trim_word_ends(audio, OUT_RATE, words, spans)
+
+    def _run_phrase(self, voice: EspeakVoice, phonemes: str) -> np.ndarray:
+        """`phonemes` ([[...]]) spoken, then an end mark (SSML)."""
+        return self._speak(voice, f'{escape(phonemes, quote=False)} <mark name="end"/>', _PHONEMES)
+
+    def _synthesize(self, voice: EspeakVoice, words: list[str]) -> tuple[np.ndarray, list[TimedWord]]:
         loaded = voice.name != self._voice or _OWNER.get(self.library) != id(self)
         self._take(voice)
         if loaded and voice.name.startswith("mb-"):
             # the first utterance after loading an mbrola voice has been seen cut short (its tail
             # and the end mark lost, espeak-ng 1.51): spend it on a throw-away phrase
             self._run(voice, ["hello", "there"])
-        audio = self._run(voice, words, flags)
+        audio = self._run(voice, words)
         starts = dict(self._marks)
         missing = [i for i in range(len(words)) if f"w{i}" not in starts]
         total_s = audio.size / OUT_RATE
@@ -197,18 +222,20 @@ class EspeakSynth:
         spans = [(t[i], max(t[i], t[i + 1])) for i in range(len(words))]
         return audio, trim_word_ends(audio, OUT_RATE, words, spans)
 
-    def _run(self, voice: EspeakVoice, words: list[str], flags: int = 0) -> np.ndarray:
+    def _run(self, voice: EspeakVoice, words: list[str]) -> np.ndarray:
+        # a mark before every word, and one at the end: a mark right at the end is otherwise lost
+        # no <speak> root: its end would reset the voice to the default (module docstring)
+        ssml = " ".join(f'<mark name="w{i}"/>{escape(w)}' for i, w in enumerate(words)) + ' <mark name="end"/>'
+        return self._speak(voice, ssml, 0)
+
+    def _speak(self, voice: EspeakVoice, ssml: str, flags: int) -> np.ndarray:
+        """`ssml` (no root element) spoken at `voice`'s rate and pitch; the marks and word events it gives are in
+        `_marks` and `_words` after."""
         self._lib.espeak_SetParameter(_PARAM_RATE, int(voice.rate_wpm), 0)
         self._lib.espeak_SetParameter(_PARAM_PITCH, int(voice.pitch), 0)
         self._lib.espeak_SetParameter(_PARAM_RANGE, int(voice.pitch_range), 0)
-        # a mark before every word, and one at the end: a mark right at the end is otherwise lost
-        # no <speak> root: its end would reset the voice to the default (module docstring)
-        # phoneme input keeps its stress marks (') as they are: an entity there would not be read as one
-        quote = not flags & _PHONEMES
-        ssml = " ".join(f'<mark name="w{i}"/>{escape(w, quote=quote)}' for i, w in enumerate(words))
-        ssml += ' <mark name="end"/>'
         data = ssml.encode("utf-8") + b"\0"
-        self._chunks, self._marks = [], []
+        self._chunks, self._marks, self._words = [], [], []
         buf = ctypes.create_string_buffer(data)
         err = self._lib.espeak_Synth(buf, len(data), 0, 0, 0, _CHARS_UTF8 | _SSML | flags, None, None)
         if err != 0:
