@@ -90,9 +90,10 @@ def test_a_rewritten_voice_speaks_its_words_with_their_times() -> None:
 
 
 def test_a_rewritten_voice_sends_the_rewritten_phonemes_as_phoneme_input(monkeypatch) -> None:
-    """What the library is asked to speak: the sentence as one `[[...]]` of the words' rewritten phonemes (one phrase:
-    its intonation and joins kept), with the phoneme-input flag and an end mark; a plain voice still sends the words
-    as text between marks, without the flag."""
+    """What the library is asked to speak: the sentence as one `[[...]]` of its words' rewritten phonemes, with the
+    phoneme-input flag and an end mark. The phonemes are the sentence's own (reduced forms: "will" wI2l) where they
+    split into one group per word, each word's citation form where words run together ("of the" VvD@2); a plain
+    voice still sends the words as text between marks, without the flag."""
     from realtime.train import espeak
     from realtime.train.espeak import EspeakVoice
 
@@ -105,14 +106,21 @@ def test_a_rewritten_voice_sends_the_rewritten_phonemes_as_phoneme_input(monkeyp
         return real_speak(self, voice, ssml, flags)
 
     monkeypatch.setattr(espeak.EspeakSynth, "_speak", recording)
-    words = ["think", "of", "the", "weather"]
-    synth.synthesize(EspeakVoice("en-us", rewrite=("th-fronting", "non-rhotic")), words)
-    synth.synthesize(EspeakVoice("en-us"), words)
-    (phonemic, flags), (text, plain_flags) = sent[-2:]
-    own = [synth.phonemes(EspeakVoice("en-us"), w) for w in words]
-    rewritten = [rewrite_phonemes(p, ("th-fronting", "non-rhotic")) for p in own]
-    assert phonemic == "[[" + " ".join(rewritten) + ']] <mark name="end"/>'
-    assert rewritten[0] == "f'INk" and rewritten[3].endswith("@")  # "fink", "wevva"
-    assert flags & espeak._PHONEMES and not plain_flags & espeak._PHONEMES
+    rules, us = ("th-fronting", "non-rhotic"), EspeakVoice("en-us")
+    joined = ["think", "of", "the", "weather"]  # "of the" is one group of the sentence's phonemes
+    apart = "ed sullivan will be around as long as someone else has talent".split()  # one group per word
+    assert len(synth.phonemes(us, " ".join(joined)).split()) < len(joined)
+    assert len(synth.phonemes(us, " ".join(apart)).split()) == len(apart)
+    for words, own in ((joined, [synth.phonemes(us, w) for w in joined]),
+                       (apart, synth.phonemes(us, " ".join(apart)).split())):
+        synth.synthesize(EspeakVoice("en-us", rewrite=rules), words)
+        phonemic, flags = sent[-1]
+        assert phonemic == "[[" + " ".join(rewrite_phonemes(p, rules) for p in own) + ']] <mark name="end"/>'
+        assert flags & espeak._PHONEMES
+    assert "f'INk" in sent[0][0] and "w'Ev@" in sent[0][0]  # "fink", "wevva"
+    assert " wI2l " in sent[1][0]  # the sentence's reduced "will", not the citation form w'Il
+    synth.synthesize(us, joined)
+    text, plain_flags = sent[-1]
+    assert not plain_flags & espeak._PHONEMES
     assert text == ('<mark name="w0"/>think <mark name="w1"/>of <mark name="w2"/>the <mark name="w3"/>weather '
                     '<mark name="end"/>')
