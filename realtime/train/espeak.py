@@ -88,6 +88,14 @@ def default_library() -> tuple[str, str | None]:
                           "STREAMSCRIBE_ESPEAK_LIB") from exc
 
 
+def _timed_words(audio: np.ndarray, words: list[str], starts_ms: list[int], end_ms: int) -> list[TimedWord]:
+    """Each word from its start to the next one's (the last to the end mark, within the audio), trailing silence
+    trimmed."""
+    t = [x / 1000.0 for x in starts_ms] + [min(end_ms / 1000.0, audio.size / OUT_RATE)]
+    spans = [(t[i], max(t[i], t[i + 1])) for i in range(len(words))]
+    return trim_word_ends(audio, OUT_RATE, words, spans)
+
+
 # The C library holds one callback and one current voice per process. Which EspeakSynth set them last, per
 # library path: an instance that is not the owner takes them back before it synthesises (a worker or a test
 # process may hold several instances, e.g. one made for RHVoice's alignment references).
@@ -194,20 +202,14 @@ class EspeakSynth:
             if not ph or " " in ph or "]" in ph:  # one word each, and nothing that would close the [[...]]
                 raise EspeakError(f"voice {voice.name}: no phonemes to rewrite for {w!r} ({ph!r})")
             spoken.append(ph)
-        self._take(voice)
-        audio = self._run_phrase(voice, "[[" + " ".join(spoken) + "]]")
+        # the phrase, then an end mark; stress marks (') must reach espeak-ng as they are, not as an entity
+        audio = self._speak(voice, f'{escape("[[" + " ".join(spoken) + "]]", quote=False)} <mark name="end"/>',
+                            _PHONEMES)
         starts, ends = self._words, dict(self._marks)
-        total_s = audio.size / OUT_RATE
         if len(starts) != len(words) or "end" not in ends or ends["end"] - starts[-1] < 30:
             raise EspeakError(f"voice {voice.name}: {len(starts)} word events for {len(words)} words, end "
-                              f"{ends.get('end')} ms, {total_s:.2f} s of audio")
-        t = [x / 1000.0 for x in starts] + [min(ends["end"] / 1000.0, total_s)]
-        spans = [(t[i], max(t[i], t[i + 1])) for i in range(len(words))]
-        return audio, trim_word_ends(audio, OUT_RATE, words, spans)
-
-    def _run_phrase(self, voice: EspeakVoice, phonemes: str) -> np.ndarray:
-        """`phonemes` ([[...]]) spoken, then an end mark (SSML)."""
-        return self._speak(voice, f'{escape(phonemes, quote=False)} <mark name="end"/>', _PHONEMES)
+                              f"{ends.get('end')} ms, {audio.size / OUT_RATE:.2f} s of audio")
+        return audio, _timed_words(audio, words, starts, ends["end"])
 
     def _synthesize(self, voice: EspeakVoice, words: list[str]) -> tuple[np.ndarray, list[TimedWord]]:
         loaded = voice.name != self._voice or _OWNER.get(self.library) != id(self)
@@ -223,9 +225,7 @@ class EspeakSynth:
         if missing or "end" not in starts or starts["end"] - starts[f"w{len(words) - 1}"] < 30:
             raise EspeakError(f"voice {voice.name}: bad marks ({len(missing)} missing, end {starts.get('end')} ms, "
                               f"{total_s:.2f} s of audio)")
-        t = [starts[f"w{i}"] / 1000.0 for i in range(len(words))] + [min(starts["end"] / 1000.0, total_s)]
-        spans = [(t[i], max(t[i], t[i + 1])) for i in range(len(words))]
-        return audio, trim_word_ends(audio, OUT_RATE, words, spans)
+        return audio, _timed_words(audio, words, [starts[f"w{i}"] for i in range(len(words))], starts["end"])
 
     def _run(self, voice: EspeakVoice, words: list[str]) -> np.ndarray:
         # a mark before every word, and one at the end: a mark right at the end is otherwise lost

@@ -225,9 +225,8 @@ def accent_rewrite_voices() -> list[VoiceSpec]:
             for _ in range(2):
                 variant = TRAIN_VARIANTS[k % len(TRAIN_VARIANTS)]
                 k += 1
-                base = accent + (f"+{variant}" if variant else "")
-                out.append(VoiceSpec("espeak", base, f"espeak-accent:{base}#{'+'.join(rules)}",
-                                     variant.startswith("f"), 1.0, rules))
+                v = _formant(accent, variant, 1.0)
+                out.append(replace(v, speaker=f"espeak-accent:{v.base}#{'+'.join(rules)}", rewrite=rules))
     return out
 
 
