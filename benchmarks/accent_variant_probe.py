@@ -25,6 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from realtime.train.espeak import EspeakError
 from realtime.train.evaluate import EvalItem, decode_and_score, normalize_text
 from realtime.train.synth import engine_for
 from realtime.train.text_corpus import read_corpus
@@ -63,21 +64,29 @@ def main(argv: list[str] | None = None) -> int:
     texts = [tests[i] for i in rng.permutation(len(tests))[: args.sentences]]
     engine = engine_for("espeak")
     items = []
+    skipped: dict[str, int] = {}  # utterances espeak-ng could not time, by voice
     for name in args.voices:
         base, _, rules = name.partition("#")
         voice = VoiceSpec("espeak", base, name, False, 1.0, tuple(rules.split("+")) if rules else ())
+        made = 0
         for j, text in enumerate(texts):
             # the same speed and pitch draw for utterance j whatever the voice
-            audio, _ = engine.synthesize(voice.render(np.random.default_rng([args.seed, j])), text.split())
+            try:
+                audio, _ = engine.synthesize(voice.render(np.random.default_rng([args.seed, j])), text.split())
+            except EspeakError as exc:  # as the training pipeline does: the utterance is left out, and said so
+                logger.warning("%s: utterance %d left out (%s)", name, j, exc)
+                skipped[name] = skipped.get(name, 0) + 1
+                continue
             items.append(EvalItem("probe", name, 480, normalize_text(text), audio.astype(np.float32)))
-        logger.info("%s: %d utterances synthesised", name, len(texts))
+            made += 1
+        logger.info("%s: %d utterances synthesised", name, made)
     result = decode_and_score(args.model, items, workers=args.workers)
     rows = {v: result["probe"][v]["480"]["wer"] for v in args.voices}
     print(f"{'voice':40s} {'kind':72s} WER")
     for v in args.voices:
         print(f"{v:40s} {kind_of(v):72s} {rows[v]:.1f}%")
     if args.out is not None:
-        report = {"model": str(args.model), "sentences": len(texts), "seed": args.seed,
+        report = {"model": str(args.model), "sentences": len(texts), "seed": args.seed, "left_out": skipped,
                   "wer": rows, "kinds": {v: kind_of(v) for v in args.voices}, "result": result}
         args.out.write_text(json.dumps(report, indent=1), encoding="utf-8")
     return 0

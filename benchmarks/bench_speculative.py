@@ -23,6 +23,7 @@ and steps, acceptance counted over all rounds), so no single voice stands for al
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import platform
@@ -194,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="batch 1: kernel inventory per step and host functions, without and with speculation")
     ap.add_argument("--skip-flush", action="store_true", help="leave out S2 (end-of-stream flush)")
+    ap.add_argument("--chained-rounds", type=int, default=SpeculativeConfig.chained_rounds,
+                    help="SpeculativeConfig.chained_rounds: a lone stream's rounds chained on the device (0: off)")
+    ap.add_argument("--compare-host-rounds", action="store_true",
+                    help="at batch 1 also time speculation with chained_rounds=0, interleaved with the other two "
+                         "modes (the chain's gain over the host path, in the same run)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
@@ -203,12 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     emb = model.language_model.embed_tokens.weight
     drafter = load_drafter(args.drafter, target_embedding=emb, device=args.device, dtype=dtype)
     spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k, tree_nodes=args.tree_nodes,
-                             tree_max_streams=args.tree_max_streams, lookahead_chunk=args.lookahead_chunk)
+                             tree_max_streams=args.tree_max_streams, lookahead_chunk=args.lookahead_chunk,
+                             chained_rounds=args.chained_rounds)
+    host_rounds = dataclasses.replace(spec, chained_rounds=0)
     rate = model.config.audio.sampling_rate
     graphs = not args.no_cuda_graphs
     report: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
                     "target": args.target, "drafter": args.drafter, "k": args.k, "tree_nodes": args.tree_nodes,
-                    "tree_max_streams": args.tree_max_streams,
+                    "tree_max_streams": args.tree_max_streams, "chained_rounds": args.chained_rounds,
                     "dtype": str(dtype),
                     "cuda_graphs": graphs, "clip_seconds": args.clip_seconds, "offline": {}, "flush": {}}
 
@@ -224,12 +232,21 @@ def main(argv: list[str] | None = None) -> int:
         offline(model, tok, short, opts, None)
         offline(model, tok, short, opts, spec)
         bases, specs, identical, identical_default, per_file = [], [], 0, 0, []
+        host_runs, host_identical = [], 0
         for clips in groups:
             # --repeats: alternate the two modes (drift of the host hits both) and keep each one's median
             # run; a batch-1 run lasts about a second, and repeats of one were seen to differ by up to 38%
+            compare = args.compare_host_rounds and b == 1
+            if compare:  # its first use of the host path's shapes, untimed
+                offline(model, tok, short, opts, host_rounds)
             pairs = [(offline(model, tok, clips, opts, None), offline(model, tok, clips, opts, spec))
+                     + ((offline(model, tok, clips, opts, host_rounds),) if compare else ())
                      for _ in range(args.repeats)]
             (base, base_tokens), (with_spec, spec_tokens) = (median_run([p[i] for p in pairs]) for i in (0, 1))
+            if compare:
+                host_run, host_tokens = median_run([p[2] for p in pairs])
+                host_runs.append(host_run)
+                host_identical += sum(a == b_ for a, b_ in zip(host_tokens, spec_tokens))
             bases.append(base)
             specs.append(with_spec)
             # lossless means: the tokens of the same engine without a drafter. Speculation runs without the
@@ -253,6 +270,14 @@ def main(argv: list[str] | None = None) -> int:
         row = {"without": base, "with": with_spec, "speedup": base["wall_seconds"] / with_spec["wall_seconds"],
                "identical_outputs": identical, "identical_to_default_plain": identical_default, "clips": n_clips}
         row["wall_seconds_runs"] = [r["wall_seconds_runs"] for r in per_file]  # [group][mode][repeat]
+        if host_runs:
+            host = pooled(host_runs)
+            row["host_rounds"] = host
+            row["speedup_host_rounds"] = base["wall_seconds"] / host["wall_seconds"]
+            row["host_rounds_identical_to_chained"] = host_identical
+            log.info("batch 1, rounds through the host: speed-up %.2f, mean length %.2f; chained: %.2f, %.2f",
+                     row["speedup_host_rounds"], host["mean_acceptance_length"], row["speedup"],
+                     with_spec["mean_acceptance_length"])
         if b == 1 and args.audio:
             row["per_file"] = {Path(f).name: r for f, r in zip(args.audio, per_file)}
             for f, r in row["per_file"].items():

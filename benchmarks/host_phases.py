@@ -13,10 +13,12 @@ changes, nothing shared with other engines):
   one's), `launch` (the LM step);
 - `wait`: what is left of `_run_step` (the device -> host copy of the tokens, which waits for the
   device, plus a few bookkeeping lines);
-- `accept`: greedy acceptance on the host; `emit`: detokenising and the token callbacks.
+- `accept`: greedy acceptance on the host; `emit`: detokenising and the token callbacks;
+- `chained`: chains of rounds run with their layout and acceptance on the device (`chained_rounds`), whole.
+  Mode `chain` chains where it can (the default); `host-chain` runs every round through the host.
 
     python benchmarks/host_phases.py --target models/default --drafter models/default_drafter \
-        --audio .bench_audio/* --clip-seconds 45 --modes plain chain 16 --out host_phases.json
+        --audio .bench_audio/* --clip-seconds 45 --modes plain chain host-chain 16 --out host_phases.json
 """
 
 from __future__ import annotations
@@ -81,14 +83,18 @@ def instrument(eng: BatchedEngine) -> PhaseClock:
         clock.wrap(sp, "_layout", "layout")
         clock.wrap(sp, "_run", "launch")
         clock.wrap(sp, "accept", "accept")
+        clock.wrap(sp, "run_chained", "chained")  # a whole chain of rounds (`chained_rounds`): host and device
     return clock
 
 
 def run_mode(model, tok, clip, mode: str, drafter, k: int, graphs: bool) -> dict:
     spec = None
     if mode != "plain":
+        # "chain": the chain drafter as configured by default (its rounds chained on the device where they can
+        # be); "host-chain": every round through the host (chained_rounds=0); a number: a tree of that many nodes
         spec = SpeculativeConfig(drafter, num_speculative_tokens=k,
-                                 tree_nodes=None if mode == "chain" else int(mode))
+                                 tree_nodes=None if mode in ("chain", "host-chain") else int(mode),
+                                 chained_rounds=0 if mode == "host-chain" else SpeculativeConfig.chained_rounds)
     opts = RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=graphs, max_step_tokens=max(8, k + 1))
     eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
     run_engine_offline(eng, [clip[: 3 * model.config.audio.sampling_rate]])  # warm-up (first shapes)
@@ -98,7 +104,8 @@ def run_mode(model, tok, clip, mode: str, drafter, k: int, graphs: bool) -> dict
         torch.cuda.synchronize()
     run = run_engine_offline(eng, [clip])
     per = {name: 1e6 * s / run.steps for name, s in clock.seconds.items()}
-    inner = [n for n in ("plan", "encode", "look_ahead", "layout", "launch", "look_ahead_next", "accept", "emit")
+    inner = [n for n in ("plan", "encode", "look_ahead", "layout", "launch", "look_ahead_next", "accept", "emit",
+                         "chained")
              if n in per]
     per["wait"] = per.pop("run_step") - sum(per[n] for n in inner)
     per["outside_run_step"] = 1e6 * run.seconds / run.steps - per["wait"] - sum(per[n] for n in inner) - per["sync"]
@@ -117,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter", required=True)
     ap.add_argument("--audio", nargs="+", required=True)
     ap.add_argument("--clip-seconds", type=float, default=45.0)
-    ap.add_argument("--modes", nargs="+", default=["plain", "chain", "16"],
-                    help="plain, chain, or a tree's node count")
+    ap.add_argument("--modes", nargs="+", default=["plain", "chain", "host-chain", "16"],
+                    help="plain, chain (rounds chained on the device where they can be), host-chain (every round "
+                         "through the host), or a tree's node count")
     ap.add_argument("--k", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=3, help="runs per mode and clip (alternating); medians reported")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -15,12 +15,15 @@ macOS) the torch references still work.
   KV write, o + residual, norm + gate/up + SiLU·mul, down + residual, final norm + head): the engine's
   batch-1 LM step on CUDA (8 kernels a layer instead of 11: its gate/up stays unfused by default,
   STREAMSCRIBE_ONE_ROW_GATE_UP=1 fuses it; STREAMSCRIBE_ONE_ROW=0 turns the path off).
+- `spec_round`: a speculative round's step metadata and its greedy acceptance, computed from one stream's state on
+  the device, one launch each (the engine's chained rounds: no host round trip between rounds).
 
 The dispatching functions take `backend="auto" | "triton" | "torch"`: "auto" runs Triton on CUDA
 tensors and the reference elsewhere; "triton" on CPU tensors works only under the Triton interpreter
 (`TRITON_INTERPRET=1`, which is how the CPU test suite runs the kernels).
 
-On sm_90+ every Triton kernel launches with programmatic dependent launch (`_dispatch.pdl_enabled`):
+On sm_90+ every Triton kernel but `spec_round`'s two (one small program each) launches with programmatic dependent
+launch (`_dispatch.pdl_enabled`):
 it may start while the previous kernel runs and waits for its results before reading them. Switches
 for A/B runs (read at launch, so at graph capture): STREAMSCRIBE_PDL=0 (no PDL),
 STREAMSCRIBE_SKINNY_ROWS=N (the Triton projection for at most N rows; 0: always `F.linear`),

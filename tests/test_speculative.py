@@ -1049,7 +1049,9 @@ def test_parallel_drafting_is_declared_not_probed(target):
 @pytest.mark.parametrize(("cls", "tree_nodes"), [(EagleDrafter, None), (ParallelEagleDrafter, None),
                                                  (TwoPassEagleDrafter, None), (ParallelEagleDrafter, 9)])
 @pytest.mark.parametrize("small_windows", [False, True])
-def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows, cls, tree_nodes):
+def gpu_echo_setup(tiny_ckpt, small_windows: bool, cls) -> tuple:
+    """fp32 on the GPU (no TF32): the tiny target with its layers scaled to 0.03, and an echo drafter of `cls` whose
+    mask embedding (mask-row drafters) is not zero, so that graphs must gather it right. (model, tok, drafter)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     path = tiny_ckpt(seed=1, small_windows=small_windows)
@@ -1057,9 +1059,14 @@ def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows, cl
     tok = load_tokenizer(path)
     model = scaled_target(model, 0.03)
     drafter = echo_drafter(model, cls=cls, window=6 if small_windows else None)
-    if cls is not EagleDrafter:  # a mask embedding that is not zero, so that graphs must gather it right
+    if cls is not EagleDrafter:
         with torch.no_grad():
             drafter.mask_embedding.normal_(0.0, 0.02, generator=torch.Generator("cuda").manual_seed(0))
+    return model, tok, drafter
+
+
+def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows, cls, tree_nodes):
+    model, tok, drafter = gpu_echo_setup(tiny_ckpt, small_windows, cls)
     clips = [synthetic_audio(3.0 + i, seed=500 + i) for i in range(5)]
     outs = {}
     for graphs in (False, True):
@@ -1462,3 +1469,215 @@ def test_verify_steps_run_with_batch_invariant_lm_rows(target, trained_parallel,
         raise RuntimeError("a failing step")
     assert (layer.self_attn.linear_rows, layer.mlp.linear_rows, model.head_rows) == (MAX_ROWS,) * 3
     assert model.audio_tower.layers[0].mlp.linear_rows == INVARIANT_ROWS  # the encoder's own, untouched
+
+
+# ---------------------------------------------------------------------------------------------
+# Rounds chained on the device (`chained_rounds`): one stream with all its audio
+# ---------------------------------------------------------------------------------------------
+class ChainSpy:
+    """Counts the chains an engine ran and their rounds (wraps the instance's method)."""
+
+    def __init__(self, eng: BatchedEngine) -> None:
+        self.chains, self.rounds = 0, 0
+        sp = eng.speculator
+        self.chained = sp.chained
+        run = sp.run_chained
+
+        def counted(s, rounds):
+            self.chains += 1
+            self.rounds += rounds
+            return run(s, rounds)
+
+        sp.run_chained = counted
+
+
+def _offline_one_by_one(model, tok, spec: SpeculativeConfig, clips, delay_ms=None, **opts):
+    """Each clip pushed whole and finished, one stream at a time: (tokens per clip, engine stats, chain spy)."""
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(1, 1, **{"cuda_graphs": False, **opts}), speculative=spec)
+    spy = ChainSpy(eng)
+    out = []
+    for clip in clips:
+        rec = Recorder()
+        sid = eng.open_stream(rec, delay_ms=delay_ms)
+        eng.push_audio(sid, clip)
+        eng.finish_stream(sid)
+        drive(eng)
+        assert isinstance(rec.done(sid), StreamDone)
+        out.append(rec.tokens(sid))
+        eng.close_stream(sid)
+        eng._sync_with_clients()
+    return out, eng.stats(), spy
+
+
+LONG = np.concatenate([SEEN[0], UNSEEN[1], SEEN[2]])
+
+
+@pytest.mark.parametrize("kind", ["trained", "trained_two_pass", "trained_parallel"])
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_chained_rounds_equal_the_session_and_the_host_rounds(target, request, kind, k):
+    """At batch 1 with all the audio there, rounds run in chains (their layout and acceptance on the device),
+    and every token is the session's; the same engine with chaining off gives the same tokens."""
+    model, tok = target
+    drafter = request.getfixturevalue(kind)
+    clips = [SEEN[1], UNSEEN[0], LONG]
+    got, st, spy = _offline_one_by_one(model, tok, SpeculativeConfig(drafter, k), clips)
+    assert got == [reference(model, tok, c) for c in clips]
+    assert spy.chains >= 3 and spy.rounds >= 2 * spy.chains  # every clip chains some rounds
+    assert_partial_acceptance(st)
+    assert len(st.spec_drafted_per_position) == k
+    off, st_off, spy_off = _offline_one_by_one(model, tok, SpeculativeConfig(drafter, k, chained_rounds=0), clips)
+    assert off == got and spy_off.chains == 0
+    # every round lays out the rows the host path lays out (plus padding rows): the same drafts, the same decisions
+    assert (st.spec_drafted_per_position, st.spec_accepted_per_position) == \
+        (st_off.spec_drafted_per_position, st_off.spec_accepted_per_position)
+
+
+@pytest.mark.parametrize("delay_ms", [160, 1200])
+def test_chained_rounds_at_other_delays_and_text_only(target, trained, delay_ms, caplog):
+    """Other delays (the drafter's delay conditioning and the prompt come from the chain's state), and a drafter
+    that gets no audio (its catch-up and chain rows then have no audio rows to lay out)."""
+    model, tok = target
+    clips = [LONG]
+    got, st, spy = _offline_one_by_one(model, tok, SpeculativeConfig(trained, 4), clips, delay_ms=delay_ms)
+    assert got == [reference(model, tok, LONG, delay_ms)] and spy.chains > 0 and st.spec_accepted > 0
+    with caplog.at_level(logging.WARNING):
+        text_only, _, spy = _offline_one_by_one(model, tok, SpeculativeConfig(echo_drafter(model, cls=EagleModel), 4),
+                                                clips, delay_ms=delay_ms)
+    assert text_only == got and spy.chains > 0
+
+
+@pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter])
+def test_chained_rounds_with_small_rings_and_one_token_chunks(tiny_ckpt, cls):
+    """Windows of 8 (encoder) and 6 (LM, drafter), blocks of 4: the rings wrap many times inside a chain; with
+    a look-ahead chunk of 1 a chain's audio comes in one-token encoder calls. Against a target without context
+    the echo drafter is the target itself when every draft row reads its own position's audio: every draft is
+    accepted (an off-by-one in the chain's audio rows would reject most). A parallel drafter's mask rows carry no
+    token, so it is right less often; its rounds must decide as the host path's do."""
+    path = tiny_ckpt(seed=1, small_windows=True)
+    base, _ = load_model(path)
+    tok = load_tokenizer(path)
+    model = scaled_target(base, 0.0)
+    drafter = echo_drafter(model, cls=cls, window=6)
+    if cls is not EagleDrafter:  # a mask embedding that is not zero, so that the mask rows must gather it right
+        with torch.no_grad():
+            drafter.mask_embedding.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(0))
+    clips = [synthetic_audio(6.0, seed=402)]
+    for chunk in (None, 1):
+        spec = SpeculativeConfig(drafter, 5, lookahead_chunk=chunk)
+        got, st, spy = _offline_one_by_one(model, tok, spec, clips, block_size=4)
+        assert got == [reference(model, tok, clips[0])]
+        assert spy.chains > 0 and st.spec_accepted > 0
+        assert st.spec_accepted == st.spec_drafted or cls is not EagleDrafter
+    host, st_host, _ = _offline_one_by_one(model, tok, SpeculativeConfig(drafter, 5, chained_rounds=0), clips,
+                                           block_size=4)
+    assert host == got and st_host.spec_accepted_per_position == st.spec_accepted_per_position
+
+
+def test_chained_rounds_stop_at_eos(target, trained):
+    """A token the session ends on (EOS, here a text token made the EOS id) inside a chain: the stream ends there
+    as the session does, and the chain's later rounds are discarded."""
+    base, tok = target
+    full = reference(base, tok, LONG)
+    # the first token past two thirds of the transcript that has not come before
+    stop_at = next(i for i in range(len(full) * 2 // 3, len(full)) if full[i] not in full[:i])
+    eos = full[stop_at]
+    model = copy.copy(base)
+    model.config = dataclasses.replace(base.config, tokens=dataclasses.replace(base.config.tokens, eos=eos))
+    want = transcribe(model, tok, LONG).token_ids
+    assert want[-1] == eos and len(want) == stop_at + 1  # the session stops at the first EOS
+    got, _, spy = _offline_one_by_one(model, tok, SpeculativeConfig(trained, 6), [LONG])
+    assert got == [want] and spy.chains > 0 and spy.chained.discarded_rounds > 0
+
+
+def test_chains_for_one_stream_with_audio_for_several_rounds(target, trained):
+    """A live stream with a backlog chains (the chain stops where its audio does), a paced one never does, nor do
+    two streams in a step or a tree; the tokens are the session's throughout; bad settings are refused."""
+    model, tok = target
+    clips = [SEEN[0], UNSEEN[0]]
+    eng, tokens = run_streams(model, tok, trained, clips, [[1280] * 400, [1280] * 400])
+    assert tokens == [reference(model, tok, c) for c in clips]
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(1, 1, cuda_graphs=False),
+                        speculative=SpeculativeConfig(trained, 4))
+    spy = ChainSpy(eng)
+    rec = Recorder()
+    sid = eng.open_stream(rec)
+    for chunk in np.array_split(LONG[:16000], 12):  # paced: about one token of audio a step
+        eng.push_audio(sid, chunk)
+        eng._run_step(eng._sync_with_clients())
+    assert spy.chains == 0
+    eng.push_audio(sid, LONG[16000: LONG.size // 2])  # a backlog, but the stream goes on
+    s = eng._controls[sid].stream
+    for _ in range(4):
+        eng._run_step(eng._sync_with_clients())
+    assert spy.chains > 0 and not s.finish_requested
+    assert s.lm_pos <= s.audio_done + s.audio_tokens_ready(model.config.streaming.mel_frames_per_token)
+    eng.push_audio(sid, LONG[LONG.size // 2:])
+    eng.finish_stream(sid)
+    drive(eng)
+    assert rec.tokens(sid) == reference(model, tok, LONG)
+    spec = SpeculativeConfig(echo_drafter(model, cls=ParallelEagleDrafter), 4, tree_nodes=5)
+    assert BatchedEngine(model, tok, opts=RunnerOptions(1, 1, cuda_graphs=False), speculative=spec).speculator.chained \
+        is None
+    for bad in (-1, True, 2.0):
+        with pytest.raises(ValueError, match="chained_rounds"):
+            BatchedEngine(model, tok, speculative=SpeculativeConfig(trained, 4, chained_rounds=bad))
+
+
+def test_chained_rounds_stop_at_the_maximum_session_length(target, trained):
+    """A stream longer than the engine's maximum session: chains never run past its last position (the rings are
+    sized to it), and the kept tokens are the session's."""
+    model, tok = target
+    got, _, spy = _offline_one_by_one(model, tok, SpeculativeConfig(trained, 4), [LONG], max_session_seconds=4.0)
+    assert spy.chains > 0 and len(got[0]) < len(reference(model, tok, LONG))
+    assert got[0] == reference(model, tok, LONG)[: len(got[0])]
+
+
+@pytest.mark.parametrize("kind", ["trained", "trained_two_pass", "trained_parallel"])
+@pytest.mark.parametrize(("k", "min_buffered"), [(1, 2), (4, 2), (4, 4)])
+def test_a_chained_rounds_layout_is_the_host_paths(target, request, kind, k, min_buffered):
+    """Field by field, the metadata a chained round writes on the device is what the host path uploads for the
+    same stream state (rows past the round's own hold the same padding), over catch-ups of 1 to k+1 positions
+    and rounds allowed 0 to k drafts, with the default and a larger `min_buffered_tokens`. (Where a round drafts
+    nothing, the chain's first-draft row and the chain steps' delay are left out: nothing reads them.)"""
+    model, tok = target
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(2, 2, cuda_graphs=False),
+                        speculative=SpeculativeConfig(request.getfixturevalue(kind), k,
+                                                      min_buffered_tokens=min_buffered))
+    sp = eng.speculator
+    rec = Recorder()
+    eng.open_stream(rec)
+    sid = eng.open_stream(rec, delay_ms=1200)  # slot 1, another delay
+    eng._sync_with_clients()
+    s = eng._controls[sid].stream
+    rng = np.random.default_rng(0)
+    s.tokens = s.tokens + rng.integers(3, 200, size=200).tolist()
+    s.audio_done = 10_000  # the host path reads it only to bound the drafts
+    for n_acc, ks in itertools.product(sorted({1, 2, k + 1}), range(k + 1)):
+        p = s.prompt_len + 40 + n_acc
+        s.lm_pos, sp.prev_pos[s.slot] = p, p - n_acc
+        s.total_tokens = p + ks + 2  # the last position is p + ks: ks drafts allowed
+        sp._layout([s])
+        host = {name: t.clone() for name, t in sp.m.items()}
+        sp.chained.start(s, sp.chained.last_decodable(s))
+        sp.chained.layout()
+        drafts = ks if ks + 1 >= min_buffered else 0  # what the round may draft
+        for name, t in sp.m.items():
+            if drafts == 0 and name in ("c_last", "dr_dly"):
+                continue
+            assert torch.equal(t, host[name]), (name, n_acc, ks, t, host[name])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter, TwoPassEagleDrafter])
+@pytest.mark.parametrize("small_windows", [False, True])
+def test_gpu_chained_rounds_with_graphs_equal_eager_and_the_session(tiny_ckpt, small_windows, cls):
+    """On the GPU, chains replay the speculator's graphs between their own layout and acceptance graphs: the
+    tokens equal the eager chains', the host path's and the session's (fp32)."""
+    model, tok, drafter = gpu_echo_setup(tiny_ckpt, small_windows, cls)
+    clips = [synthetic_audio(4.0 + i, seed=520 + i) for i in range(3)]
+    want = [transcribe(model, tok, c).token_ids for c in clips]
+    for graphs, chained in itertools.product((False, True), (8, 0)):
+        got, st, spy = _offline_one_by_one(model, tok, SpeculativeConfig(drafter, 4, chained_rounds=chained), clips,
+                                           cuda_graphs=graphs, block_size=16)
+        assert got == want, (graphs, chained)
+        assert (spy.chains > 0) == (chained > 0) and st.spec_accepted > 0

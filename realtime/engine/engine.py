@@ -300,43 +300,24 @@ class BatchedEngine:
             return bool(ended)
         t0 = time.perf_counter()
         mpt = self.config.streaming.mel_frames_per_token
+        # a stream alone in the step with audio for several rounds: its speculative rounds chained on the device
+        chained = self.speculator.chainable(plan.decode) if self.speculator is not None else 0
         try:
-            if self.speculator is not None:
-                ids = self.speculator.step(plan.decode)  # look-ahead encoding, drafts, verify
+            if chained:
+                decoded = [self.speculator.run_chained(plan.decode[0], chained)]
             else:
-                need_audio = [s for s in plan.decode if s.audio_done <= s.lm_pos]
-                if need_audio:
-                    self.runner.encode_step(need_audio)
-                ids = self.runner.decode_step(plan.decode)
-            # the one device -> host transfer of the step, queued now: the host later waits for it alone
-            queued = self.runner.fence.mark()
-            self._token_copy.start(ids)
-            if self.opts.encode_ahead:
-                # the next step's audio, where it has arrived, is encoded now, queued behind this step: its
-                # host work overlaps the device, the tokens do not wait for it, and the next step has none.
-                # Queued as an ahead call (`ModelRunner.on_encoder_stream`): where the runner has an encoder
-                # stream (CUDA, not speculating) it runs beside this step, writing ring rows of later
-                # positions than this step reads.
-                if self.speculator is not None:
-                    self.speculator.look_ahead_next()
-                else:
-                    ahead = [s for s in plan.decode if s.audio_done == s.lm_pos + 1 <= s.last_position()
-                             and s.audio_tokens_ready(mpt)]
-                    if ahead:
-                        self.runner.encode_step(ahead, ahead=True)
-            host = self._token_copy.wait()
-            self.runner.fence.passed(queued)  # the staging copies queued before the tokens have run
+                host = self._launch_step(plan.decode, mpt)
         except Exception as exc:  # a failing step fails its streams, never the engine
             logger.exception("engine step failed")
             for s in plan.decode:
                 self._fail_stream(s, f"engine step failed: {type(exc).__name__}: {exc}")
             return True
         dt = time.perf_counter() - t0
-        if self.speculator is not None:
+        if self.speculator is not None and not chained:
             # per stream: its accepted drafts and the target's token after them (one token, no
             # drafts, for a prompt row)
             decoded = self.speculator.accept(plan.decode, host)
-        else:
+        elif not chained:
             decoded = [[tok] for tok in host]
         n_emitted = 0
         for s, toks in zip(plan.decode, decoded):
@@ -359,6 +340,36 @@ class BatchedEngine:
             if s.is_finished() and not s.done:
                 self._end_stream(s)
         return True
+
+    def _launch_step(self, streams: list[EngineStream], mpt: int) -> list[int]:
+        """One step (plain, or one speculative round) for `streams`: its launches, the next step's look-ahead
+        queued behind them, and the step's output on the host."""
+        if self.speculator is not None:
+            ids = self.speculator.step(streams)  # look-ahead encoding, drafts, verify
+        else:
+            need_audio = [s for s in streams if s.audio_done <= s.lm_pos]
+            if need_audio:
+                self.runner.encode_step(need_audio)
+            ids = self.runner.decode_step(streams)
+        # the one device -> host transfer of the step, queued now: the host later waits for it alone
+        queued = self.runner.fence.mark()
+        self._token_copy.start(ids)
+        if self.opts.encode_ahead:
+            # the next step's audio, where it has arrived, is encoded now, queued behind this step: its
+            # host work overlaps the device, the tokens do not wait for it, and the next step has none.
+            # Queued as an ahead call (`ModelRunner.on_encoder_stream`): where the runner has an encoder
+            # stream (CUDA, not speculating) it runs beside this step, writing ring rows of later
+            # positions than this step reads.
+            if self.speculator is not None:
+                self.speculator.look_ahead_next()
+            else:
+                ahead = [s for s in streams if s.audio_done == s.lm_pos + 1 <= s.last_position()
+                         and s.audio_tokens_ready(mpt)]
+                if ahead:
+                    self.runner.encode_step(ahead, ahead=True)
+        host = self._token_copy.wait()
+        self.runner.fence.passed(queued)  # the staging copies queued before the tokens have run
+        return host
 
     def _emit_token(self, s: EngineStream, tok: int) -> None:
         c = self.config

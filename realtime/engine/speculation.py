@@ -77,6 +77,7 @@ from speculative.capability import (  # the capability contract (torch-only modu
 
 from ..model import VoxtralRealtime
 from .attention import PagedAttention
+from .chained_rounds import ChainedRounds, chained_audio_rows
 from .cuda_graph import DecodeGraphRunner
 from .kv_cache import CacheSpec, PagedKVCache
 from .lookahead import chunk_sizes
@@ -108,6 +109,11 @@ class SpeculativeConfig:
     # each drafting stream verifies the chain of first choices. A tree's extra rows pay at batch 1 but
     # cost more than they gain at batches 16 and 64 (docs/benchmarks.md, issue 5)
     tree_max_streams: int | None = None
+    # the rounds of a stream alone in its step, with audio for several of them (a file, a stream past its end, a
+    # backlog), run this many at a time with their layout and acceptance on the device (`chained_rounds`): no
+    # host round trip between them. Trees keep the host path. 0 or 1: every round through the host. Its cost:
+    # an audio ring of R(k+1) + k + chunk rows per stream instead of 3k + 1 + chunk
+    chained_rounds: int = 8
 
     def chunk(self, opts: RunnerOptions) -> int:
         top = chunk_sizes(opts.max_step_tokens)[0]
@@ -141,6 +147,11 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
     if cfg.min_buffered_tokens < 2:
         raise ValueError(f"min_buffered_tokens must be >= 2, got {cfg.min_buffered_tokens}")
     need = 3 * k + 1 + cfg.chunk(opts)
+    r = cfg.chained_rounds
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        raise ValueError(f"chained_rounds must be an integer >= 0, got {r!r}")
+    if chains_rounds(cfg):
+        need = max(need, chained_audio_rows(k, r, cfg.chunk(opts)))
     if opts.encoder_cache_tokens < need:
         opts = replace(opts, encoder_cache_tokens=need)
     if m is not None:  # scratch slots for every stream's nodes off the chain (blocks outside the rings)
@@ -161,6 +172,12 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
         # The ring above is still sized for a look-ahead beside the round.
         opts = replace(opts, encoder_stream=False)
     return opts if opts.encoder_chunk >= cfg.chunk(opts) else replace(opts, encoder_chunk=cfg.chunk(opts))
+
+
+def chains_rounds(cfg: SpeculativeConfig) -> bool:
+    """Whether rounds are chained on the device (`chained_rounds`): chains of drafts only (a tree's layout stays
+    on the host path)."""
+    return cfg.chained_rounds >= 2 and cfg.tree_nodes is None
 
 
 def drafter_cache_spec(drafter: EagleModel, k: int, block_size: int) -> CacheSpec:
@@ -374,6 +391,7 @@ class Speculator:
         self.g_catchup = self.g_chain = self.g_verify = self.g_verify_inputs = self.g_commit = None
         if opts.cuda_graphs and dev.type == "cuda":
             self._capture()
+        self.chained = ChainedRounds(self, cfg.chained_rounds) if chains_rounds(cfg) else None
         logger.info("speculation on: k=%d, drafter %s (%s), encoder look-ahead chunk %d, audio ring %d, "
                     "drafter KV %.1f MiB/stream", k, type(d).__name__,
                     "audio + text" if self.drafter_audio else "text only", self.chunk, self.C,
@@ -547,6 +565,16 @@ class Speculator:
         plan, n_catchup, n_draft = self._layout(streams)
         self._run(plan, n_catchup, n_draft)
         return self.v_out[: self.max_rows + plan.rows]
+
+    def chainable(self, streams: list[EngineStream]) -> int:
+        """Rounds to chain on the device for this step's streams (`chained_rounds`); 0: `step` as usual."""
+        return 0 if self.chained is None else self.chained.rounds_for(streams)
+
+    def run_chained(self, s: EngineStream, rounds: int) -> list[int]:
+        """`rounds` rounds of the one scheduled stream `s`, chained on the device; its tokens in order."""
+        assert self._plan is None and not self._pending
+        self.runner.join_encoder()
+        return self.chained.run(s, rounds)
 
     def look_ahead_next(self) -> None:
         """After `step` (and after the step's tokens were queued for the host, so that they do not wait
