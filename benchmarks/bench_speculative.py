@@ -195,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="batch 1: kernel inventory per step and host functions, without and with speculation")
     ap.add_argument("--skip-flush", action="store_true", help="leave out S2 (end-of-stream flush)")
-    ap.add_argument("--chained-rounds", type=int, default=SpeculativeConfig.chained_rounds,
-                    help="SpeculativeConfig.chained_rounds: a lone stream's rounds chained on the device (0: off)")
+    ap.add_argument("--chained-rounds", type=int, default=None,
+                    help="SpeculativeConfig.chained_rounds: a lone stream's rounds chained on the device (0: off; "
+                         "default: 8 on CUDA, 0 on the CPU)")
     ap.add_argument("--compare-host-rounds", action="store_true",
                     help="at batch 1 also time speculation with chained_rounds=0, interleaved with the other two "
                          "modes (the chain's gain over the host path, in the same run)")
@@ -210,13 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     drafter = load_drafter(args.drafter, target_embedding=emb, device=args.device, dtype=dtype)
     spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k, tree_nodes=args.tree_nodes,
                              tree_max_streams=args.tree_max_streams, lookahead_chunk=args.lookahead_chunk,
-                             chained_rounds=args.chained_rounds)
+                             chained_rounds=args.chained_rounds).on(model.device)
     host_rounds = dataclasses.replace(spec, chained_rounds=0)
     rate = model.config.audio.sampling_rate
     graphs = not args.no_cuda_graphs
     report: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
                     "target": args.target, "drafter": args.drafter, "k": args.k, "tree_nodes": args.tree_nodes,
-                    "tree_max_streams": args.tree_max_streams, "chained_rounds": args.chained_rounds,
+                    "tree_max_streams": args.tree_max_streams, "chained_rounds": spec.chained_rounds,
                     "dtype": str(dtype),
                     "cuda_graphs": graphs, "clip_seconds": args.clip_seconds, "offline": {}, "flush": {}}
 

@@ -90,11 +90,11 @@ def instrument(eng: BatchedEngine) -> PhaseClock:
 def run_mode(model, tok, clip, mode: str, drafter, k: int, graphs: bool) -> dict:
     spec = None
     if mode != "plain":
-        # "chain": the chain drafter as configured by default (its rounds chained on the device where they can
-        # be); "host-chain": every round through the host (chained_rounds=0); a number: a tree of that many nodes
+        # "chain": the chain of drafts, its rounds chained on the device where they can be (chained_rounds=8, the
+        # default on CUDA); "host-chain": every round through the host (chained_rounds=0); a number: a tree
         spec = SpeculativeConfig(drafter, num_speculative_tokens=k,
                                  tree_nodes=None if mode in ("chain", "host-chain") else int(mode),
-                                 chained_rounds=0 if mode == "host-chain" else SpeculativeConfig.chained_rounds)
+                                 chained_rounds=0 if mode == "host-chain" else 8)
     opts = RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=graphs, max_step_tokens=max(8, k + 1))
     eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
     run_engine_offline(eng, [clip[: 3 * model.config.audio.sampling_rate]])  # warm-up (first shapes)

@@ -1045,10 +1045,6 @@ def test_parallel_drafting_is_declared_not_probed(target):
     torch.testing.assert_close(x[0], d.embed_weight[3] + audio[0])
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize(("cls", "tree_nodes"), [(EagleDrafter, None), (ParallelEagleDrafter, None),
-                                                 (TwoPassEagleDrafter, None), (ParallelEagleDrafter, 9)])
-@pytest.mark.parametrize("small_windows", [False, True])
 def gpu_echo_setup(tiny_ckpt, small_windows: bool, cls) -> tuple:
     """fp32 on the GPU (no TF32): the tiny target with its layers scaled to 0.03, and an echo drafter of `cls` whose
     mask embedding (mask-row drafters) is not zero, so that graphs must gather it right. (model, tok, drafter)."""
@@ -1065,6 +1061,10 @@ def gpu_echo_setup(tiny_ckpt, small_windows: bool, cls) -> tuple:
     return model, tok, drafter
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(("cls", "tree_nodes"), [(EagleDrafter, None), (ParallelEagleDrafter, None),
+                                                 (TwoPassEagleDrafter, None), (ParallelEagleDrafter, 9)])
+@pytest.mark.parametrize("small_windows", [False, True])
 def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows, cls, tree_nodes):
     model, tok, drafter = gpu_echo_setup(tiny_ckpt, small_windows, cls)
     clips = [synthetic_audio(3.0 + i, seed=500 + i) for i in range(5)]
@@ -1474,6 +1474,9 @@ def test_verify_steps_run_with_batch_invariant_lm_rows(target, trained_parallel,
 # ---------------------------------------------------------------------------------------------
 # Rounds chained on the device (`chained_rounds`): one stream with all its audio
 # ---------------------------------------------------------------------------------------------
+CHAINED = {"chained_rounds": 8}  # on the CPU chaining is off unless asked for (SpeculativeConfig.on)
+
+
 class ChainSpy:
     """Counts the chains an engine ran and their rounds (wraps the instance's method)."""
 
@@ -1520,7 +1523,7 @@ def test_chained_rounds_equal_the_session_and_the_host_rounds(target, request, k
     model, tok = target
     drafter = request.getfixturevalue(kind)
     clips = [SEEN[1], UNSEEN[0], LONG]
-    got, st, spy = _offline_one_by_one(model, tok, SpeculativeConfig(drafter, k), clips)
+    got, st, spy = _offline_one_by_one(model, tok, SpeculativeConfig(drafter, k, **CHAINED), clips)
     assert got == [reference(model, tok, c) for c in clips]
     assert spy.chains >= 3 and spy.rounds >= 2 * spy.chains  # every clip chains some rounds
     assert_partial_acceptance(st)
@@ -1538,10 +1541,11 @@ def test_chained_rounds_at_other_delays_and_text_only(target, trained, delay_ms,
     that gets no audio (its catch-up and chain rows then have no audio rows to lay out)."""
     model, tok = target
     clips = [LONG]
-    got, st, spy = _offline_one_by_one(model, tok, SpeculativeConfig(trained, 4), clips, delay_ms=delay_ms)
+    got, st, spy = _offline_one_by_one(model, tok, SpeculativeConfig(trained, 4, **CHAINED), clips,
+                                      delay_ms=delay_ms)
     assert got == [reference(model, tok, LONG, delay_ms)] and spy.chains > 0 and st.spec_accepted > 0
     with caplog.at_level(logging.WARNING):
-        text_only, _, spy = _offline_one_by_one(model, tok, SpeculativeConfig(echo_drafter(model, cls=EagleModel), 4),
+        text_only, _, spy = _offline_one_by_one(model, tok, SpeculativeConfig(echo_drafter(model, cls=EagleModel), 4, **CHAINED),
                                                 clips, delay_ms=delay_ms)
     assert text_only == got and spy.chains > 0
 
@@ -1563,7 +1567,7 @@ def test_chained_rounds_with_small_rings_and_one_token_chunks(tiny_ckpt, cls):
             drafter.mask_embedding.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(0))
     clips = [synthetic_audio(6.0, seed=402)]
     for chunk in (None, 1):
-        spec = SpeculativeConfig(drafter, 5, lookahead_chunk=chunk)
+        spec = SpeculativeConfig(drafter, 5, lookahead_chunk=chunk, **CHAINED)
         got, st, spy = _offline_one_by_one(model, tok, spec, clips, block_size=4)
         assert got == [reference(model, tok, clips[0])]
         assert spy.chains > 0 and st.spec_accepted > 0
@@ -1585,7 +1589,7 @@ def test_chained_rounds_stop_at_eos(target, trained):
     model.config = dataclasses.replace(base.config, tokens=dataclasses.replace(base.config.tokens, eos=eos))
     want = transcribe(model, tok, LONG).token_ids
     assert want[-1] == eos and len(want) == stop_at + 1  # the session stops at the first EOS
-    got, _, spy = _offline_one_by_one(model, tok, SpeculativeConfig(trained, 6), [LONG])
+    got, _, spy = _offline_one_by_one(model, tok, SpeculativeConfig(trained, 6, **CHAINED), [LONG])
     assert got == [want] and spy.chains > 0 and spy.chained.discarded_rounds > 0
 
 
@@ -1597,7 +1601,7 @@ def test_chains_for_one_stream_with_audio_for_several_rounds(target, trained):
     eng, tokens = run_streams(model, tok, trained, clips, [[1280] * 400, [1280] * 400])
     assert tokens == [reference(model, tok, c) for c in clips]
     eng = BatchedEngine(model, tok, opts=RunnerOptions(1, 1, cuda_graphs=False),
-                        speculative=SpeculativeConfig(trained, 4))
+                        speculative=SpeculativeConfig(trained, 4, **CHAINED))
     spy = ChainSpy(eng)
     rec = Recorder()
     sid = eng.open_stream(rec)
@@ -1615,7 +1619,7 @@ def test_chains_for_one_stream_with_audio_for_several_rounds(target, trained):
     eng.finish_stream(sid)
     drive(eng)
     assert rec.tokens(sid) == reference(model, tok, LONG)
-    spec = SpeculativeConfig(echo_drafter(model, cls=ParallelEagleDrafter), 4, tree_nodes=5)
+    spec = SpeculativeConfig(echo_drafter(model, cls=ParallelEagleDrafter), 4, tree_nodes=5, **CHAINED)
     assert BatchedEngine(model, tok, opts=RunnerOptions(1, 1, cuda_graphs=False), speculative=spec).speculator.chained \
         is None
     for bad in (-1, True, 2.0):
@@ -1627,7 +1631,8 @@ def test_chained_rounds_stop_at_the_maximum_session_length(target, trained):
     """A stream longer than the engine's maximum session: chains never run past its last position (the rings are
     sized to it), and the kept tokens are the session's."""
     model, tok = target
-    got, _, spy = _offline_one_by_one(model, tok, SpeculativeConfig(trained, 4), [LONG], max_session_seconds=4.0)
+    got, _, spy = _offline_one_by_one(model, tok, SpeculativeConfig(trained, 4, **CHAINED), [LONG],
+                                      max_session_seconds=4.0)
     assert spy.chains > 0 and len(got[0]) < len(reference(model, tok, LONG))
     assert got[0] == reference(model, tok, LONG)[: len(got[0])]
 
@@ -1642,7 +1647,7 @@ def test_a_chained_rounds_layout_is_the_host_paths(target, request, kind, k, min
     model, tok = target
     eng = BatchedEngine(model, tok, opts=RunnerOptions(2, 2, cuda_graphs=False),
                         speculative=SpeculativeConfig(request.getfixturevalue(kind), k,
-                                                      min_buffered_tokens=min_buffered))
+                                                      min_buffered_tokens=min_buffered, **CHAINED))
     sp = eng.speculator
     rec = Recorder()
     eng.open_stream(rec)
@@ -1681,3 +1686,15 @@ def test_gpu_chained_rounds_with_graphs_equal_eager_and_the_session(tiny_ckpt, s
                                            cuda_graphs=graphs, block_size=16)
         assert got == want, (graphs, chained)
         assert (spy.chains > 0) == (chained > 0) and st.spec_accepted > 0
+
+
+def test_chaining_is_on_by_default_on_cuda_only(target, trained):
+    """By default (None) an engine chains on CUDA (8 rounds) and not on the CPU, where the host waits for no device
+    and a chain would only hold the engine longer; an explicit value is kept on either."""
+    model, tok = target
+    spec = SpeculativeConfig(trained, 4)
+    assert spec.on(torch.device("cuda")).chained_rounds == 8 and spec.on(torch.device("cpu")).chained_rounds == 0
+    assert SpeculativeConfig(trained, 4, chained_rounds=3).on(torch.device("cpu")).chained_rounds == 3
+    assert SpeculativeConfig(trained, 4, chained_rounds=0).on(torch.device("cuda")).chained_rounds == 0
+    got, _, spy = _offline_one_by_one(model, tok, spec, [LONG])
+    assert spy.chained is None and spy.chains == 0 and got == [reference(model, tok, LONG)]

@@ -55,6 +55,7 @@ def bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions, speculative: S
     divides free memory by; the per-row step buffers (a few tens of KiB per stream) are not counted."""
     if speculative is None:
         return slot_bytes(model, opts)
+    speculative = speculative.on(model.device)
     opts = runner_options_for(opts, speculative)
     return slot_bytes(model, opts) + speculation_bytes_per_stream(model, opts, speculative)
 
@@ -77,6 +78,7 @@ class BatchedEngine:
         self.model_name = model_name
         self.opts = opts or RunnerOptions()
         if speculative is not None:  # off by default; it needs a deeper audio cache ring
+            speculative = speculative.on(model.device)
             self.opts = runner_options_for(self.opts, speculative)
         self.runner = ModelRunner(model, self.opts)
         self.speculator = Speculator(self.runner, speculative) if speculative is not None else None

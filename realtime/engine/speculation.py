@@ -112,8 +112,16 @@ class SpeculativeConfig:
     # the rounds of a stream alone in its step, with audio for several of them (a file, a stream past its end, a
     # backlog), run this many at a time with their layout and acceptance on the device (`chained_rounds`): no
     # host round trip between them. Trees keep the host path. 0 or 1: every round through the host. Its cost:
-    # an audio ring of R(k+1) + k + chunk rows per stream instead of 3k + 1 + chunk
-    chained_rounds: int = 8
+    # an audio ring of R(k+1) + k + chunk rows per stream instead of 3k + 1 + chunk. None (`on`): 8 on CUDA, 0
+    # elsewhere: on the CPU the host waits for no device, so a chain gains nothing there, and it would hold the
+    # engine for several rounds (tens of ms each) before a new stream's first step
+    chained_rounds: int | None = None
+
+    def on(self, device: torch.device) -> SpeculativeConfig:
+        """This configuration for an engine on `device`, `chained_rounds` decided (None: 8 on CUDA, else 0)."""
+        if self.chained_rounds is not None:
+            return self
+        return replace(self, chained_rounds=8 if device.type == "cuda" else 0)
 
     def chunk(self, opts: RunnerOptions) -> int:
         top = chunk_sizes(opts.max_step_tokens)[0]
@@ -148,8 +156,8 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
         raise ValueError(f"min_buffered_tokens must be >= 2, got {cfg.min_buffered_tokens}")
     need = 3 * k + 1 + cfg.chunk(opts)
     r = cfg.chained_rounds
-    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-        raise ValueError(f"chained_rounds must be an integer >= 0, got {r!r}")
+    if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):
+        raise ValueError(f"chained_rounds must be an integer >= 0 or None, got {r!r}")
     if chains_rounds(cfg):
         need = max(need, chained_audio_rows(k, r, cfg.chunk(opts)))
     if opts.encoder_cache_tokens < need:
@@ -177,7 +185,7 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
 def chains_rounds(cfg: SpeculativeConfig) -> bool:
     """Whether rounds are chained on the device (`chained_rounds`): chains of drafts only (a tree's layout stays
     on the host path)."""
-    return cfg.chained_rounds >= 2 and cfg.tree_nodes is None
+    return cfg.chained_rounds is not None and cfg.chained_rounds >= 2 and cfg.tree_nodes is None
 
 
 def drafter_cache_spec(drafter: EagleModel, k: int, block_size: int) -> CacheSpec:
@@ -276,6 +284,7 @@ class _Plan:
 
 class Speculator:
     def __init__(self, runner: ModelRunner, cfg: SpeculativeConfig, target: object | None = None) -> None:
+        cfg = cfg.on(runner.device)  # what the engine's options were sized for (BatchedEngine resolves it too)
         self.runner, self.cfg = runner, cfg
         model, opts = runner.model, runner.opts
         self.k = k = cfg.num_speculative_tokens
