@@ -3,8 +3,9 @@
 The batched engine can chain a lone stream's speculative rounds on the device (`realtime/engine/chained_rounds.py`):
 each round's index metadata is computed from the stream's state on the device, and the round's acceptance advances
 that state, so the host never waits between rounds. Written with torch ops, the layout is about a hundred tiny
-kernels a round and the acceptance a dozen: ~2.5 us each on an H100, more device time than the host work they were
-meant to hide (docs/benchmarks.md, issue 5, forty-fourth session). Here each is one launch.
+kernels a round and the acceptance a dozen; on an H100 that version's rounds cost about 150 us more than with these
+two kernels, more than the host work chaining hides (docs/benchmarks.md, issue 5, forty-fourth session). Here each
+is one launch.
 
 State (int64 [6]): position p, prev (the drafter is exact up to prev; p - prev = positions to catch up, 1..k+1),
 the stream's last position, its cache slot, its delay in tokens, and the number of rounds logged. The token ring
