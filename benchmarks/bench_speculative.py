@@ -128,11 +128,20 @@ def profile_batch1(model, tok, clips, opts, spec) -> dict:
         eng = BatchedEngine(model, tok, opts=opts, speculative=sp)
         torch.cuda.synchronize()
         host = host_profile(lambda e=eng: run_engine_offline(e, clips))
-        out[mode] = {"steps": runs[0].steps, "wall_ms_per_step": 1e3 * runs[0].seconds / runs[0].steps,
+        tokens = sum(len(r.token_ids) for r in runs[0].results)
+        # per token too: with chained rounds a step is a whole chain, so only tokens compare the two modes (device
+        # busy time a token against wall time a token: how far the device, not the host, bounds the run)
+        out[mode] = {"steps": runs[0].steps, "tokens": tokens,
+                     "wall_ms_per_step": 1e3 * runs[0].seconds / runs[0].steps,
+                     "wall_us_per_token": 1e6 * runs[0].seconds / tokens,
+                     "busy_us_per_token": kernels["busy_us_per_step"] * runs[0].steps / tokens,
+                     "kernels_per_token": kernels["kernels_per_step"] * runs[0].steps / tokens,
                      **{k: v for k, v in kernels.items() if k != "steps"}, "host_top": host}
         log.info("profile %s speculation: %d steps, wall %.3f ms/step (under the profiler), kernels %.0f/step, "
-                 "busy %.3f ms/step", mode, out[mode]["steps"], out[mode]["wall_ms_per_step"],
-                 out[mode]["kernels_per_step"], out[mode]["busy_us_per_step"] / 1e3)
+                 "busy %.3f ms/step; a token: wall %.1f us, device busy %.1f us, %.1f kernels", mode,
+                 out[mode]["steps"], out[mode]["wall_ms_per_step"], out[mode]["kernels_per_step"],
+                 out[mode]["busy_us_per_step"] / 1e3, out[mode]["wall_us_per_token"], out[mode]["busy_us_per_token"],
+                 out[mode]["kernels_per_token"])
     return out
 
 

@@ -9,6 +9,9 @@
 #     the same after the chained round's layout and acceptance became one Triton kernel each (kernels/spec_round.py):
 #     their GPU tests (native against the references), the chained and speculative graph GPU tests, batch 1 with host rounds
 #     interleaved (3 repeats), host_phases.py
+#   bash benchmarks/gpu_s44_calls.sh OUT 3     (prepared for the next session, not run in this one)
+#     where a chained round's device time goes: bench_speculative.py --profile (the device's busy time and kernels a
+#     token, plain and speculative; the top kernels) with rounds chained, then through the host
 set -u
 out=${1:?out dir}; call=${2:?call}
 mkdir -p "$out/r"
@@ -42,6 +45,11 @@ case "$call" in
       --audio .bench_audio/* --clip-seconds 45 --modes plain chain host-chain --out "$out/r/host_phases.json" \
       > "$out/r/host_phases.log" 2>&1
     echo "host_phases rc=$?"; grep "host_phases:" "$out/r/host_phases.log" | cut -c1-300
+    ;;
+  3)
+    bench b1_profile_chained 240 --repeats 1 --profile
+    bench b1_profile_host 240 --repeats 1 --profile --chained-rounds 0
+    grep -h "profile" "$out/r/b1_profile_chained.log" "$out/r/b1_profile_host.log" | cut -c1-300
     ;;
 esac
 tar czf "$out/all.tgz" -C "$out" r && rm -rf "$out/r"
