@@ -20,15 +20,7 @@
 set -u
 out=${1:?out dir}; call=${2:?call 1 to 4}
 mkdir -p "$out/r"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_gpu/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/r/gpu.txt"
-gpu_tests() {  # NAME LIMIT FILES...
-  local name=$1 limit=$2; shift 2
-  timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" > "$out/r/gpu_tests_$name.txt" 2>&1
-  echo "gpu tests $name rc=$?" | tee -a "$out/r/gpu_tests_$name.txt"
-  tail -3 "$out/r/gpu_tests_$name.txt"
-}
+source benchmarks/gpu_setup.sh "$out/r"  # the wheels, the GPU's name; gpu_tests, pack
 case "$call" in
   1)
     gpu_tests engine_spec 270 tests/test_engine.py tests/test_speculative.py
@@ -67,4 +59,4 @@ c['config']['sliding_window'] = int(sys.argv[1]); json.dump(c, open(sys.argv[2],
     MODES="cal dr" timeout 200 bash benchmarks/gpu_cold_burst.sh "$out/r/burst" .whl_gpu
     ;;
 esac
-tar czf "$out/all.tgz" -C "$out" r && rm -rf "$out/r"
+pack "$out" && rm -rf "$out/r"

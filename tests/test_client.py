@@ -229,3 +229,28 @@ def test_upload_mode_prints_and_subtitles_what_the_session_does(start_server, re
         assert rc == 2, (argv, err)
     rc, _, err = run_client(path, "--url", "http://127.0.0.1:9", "--upload")
     assert rc == 1 and "failed" in err
+
+
+def test_a_pipe_is_read_from_its_descriptor_not_its_buffer():
+    """stdin is read by a daemon thread: from the pipe's descriptor, never through the buffered stream, whose lock a
+    blocked read would hold when the interpreter shuts down (CPython then aborts: exit -6 instead of 130 after a
+    second Ctrl-C). A stream without a descriptor (tests, wrappers) is read through read1."""
+    import asyncio
+
+    class NoBufferedReads(io.BufferedReader):
+        def read1(self, *a):  # the path that can abort at shutdown
+            raise AssertionError("read through the buffered stream")
+
+        read = read1
+
+    r, w = os.pipe()
+    data = np.arange(-800, 800, dtype="<i2").tobytes()
+    os.write(w, data)
+    os.close(w)
+
+    async def collect(stream) -> bytes:
+        return b"".join([c async for c in client.stream_chunks(stream, 20, io.StringIO())])
+
+    with NoBufferedReads(io.FileIO(r, "rb")) as stream:
+        assert asyncio.run(collect(stream)) == data
+    assert asyncio.run(collect(io.BytesIO(data))) == data
