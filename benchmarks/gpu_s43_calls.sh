@@ -17,6 +17,8 @@
 #     where a batch-1 step and round go on the host with the shipped drafter's new window (host_phases.py: plain,
 #     the chain of 6, a tree of 32), then the cold burst of 512 clients, one server process without and with the
 #     drafter (gpu_cold_burst.sh modes cal and dr)
+# Since the forty-fourth session's review it sources benchmarks/gpu_setup.sh: its test logs are now NAME.txt (the
+# forty-third session's raw results call them gpu_tests_NAME.txt).
 set -u
 out=${1:?out dir}; call=${2:?call 1 to 4}
 mkdir -p "$out/r"
