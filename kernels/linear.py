@@ -31,14 +31,17 @@ MAX_ROWS = 16  # the kernel pads rows to one 16-row tensor-core tile
 # rows a batch-invariant caller (the audio encoder) sends to the kernel: its conv stem at a look-ahead chunk of
 # 8 audio tokens (64 mel frames), its layers at 8 tokens of 4 frames (32 rows), or 16 streams of one token
 INVARIANT_ROWS = 64
+# the most rows a batch-invariant caller may ask for: the encoder's conv stem at a look-ahead chunk of 32 audio
+# tokens (256 mel frames), which a chain of speculative rounds encodes in one call (`SpeculativeConfig.chunk`)
+MAX_INVARIANT_ROWS = 256
 
 
 def invariant_rows_limit() -> int:
-    """The most rows a call's `max_rows` may send to the kernel: INVARIANT_ROWS, or STREAMSCRIBE_INVARIANT_ROWS
-    (16..64; 16: more than 16 rows take `F.linear` again, the encoder's projections before the twenty-eighth
+    """The most rows a call's `max_rows` may send to the kernel: MAX_INVARIANT_ROWS, or STREAMSCRIBE_INVARIANT_ROWS
+    (16..256; 16: more than 16 rows take `F.linear` again, the encoder's projections before the twenty-eighth
     session, for A/B runs of batches of 5-16 streams; read at each call, so at graph capture)."""
-    return env_int("STREAMSCRIBE_INVARIANT_ROWS", INVARIANT_ROWS, MAX_ROWS, INVARIANT_ROWS,
-                   f"an integer in {MAX_ROWS}..{INVARIANT_ROWS}")
+    return env_int("STREAMSCRIBE_INVARIANT_ROWS", MAX_INVARIANT_ROWS, MAX_ROWS, MAX_INVARIANT_ROWS,
+                   f"an integer in {MAX_ROWS}..{MAX_INVARIANT_ROWS}")
 
 
 def skinny_rows_limit() -> int:

@@ -733,12 +733,14 @@ def test_offline_command_transcribes_files_as_the_session_does(tiny_ckpt, tmp_pa
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cuda_graphs", [True, False])
-def test_gpu_encoder_chunks_give_the_bits_of_one_token_calls(cuda_graphs):
+@pytest.mark.parametrize("chunk", [8, 32])
+def test_gpu_encoder_chunks_give_the_bits_of_one_token_calls(cuda_graphs, chunk):
     """The embedded model in bf16: a stream's audio embeddings are the same bits whether the look-ahead encoder
-    takes its audio 8, 4, 2 or 1 token per call (speculation's catch-up) or one token per step (plain decoding).
-    The conv stem and the layers' projections take `linear`'s batch-invariant kernel up to INVARIANT_ROWS rows,
-    the attention splits by streams: what makes speculation lossless in bf16 (issue 5). Before, cuBLAS at 32 and
-    64 rows rounded otherwise, and most embeddings after the first differing frame differed."""
+    takes its audio 8, 4, 2 or 1 token per call (speculation's catch-up; 32 and 16 too with a 32-token chunk, a
+    chain's) or one token per step (plain decoding). The conv stem and the layers' projections take `linear`'s
+    batch-invariant kernel up to the runner's encoder rows (64; 256 at 32 tokens), the attention splits by streams:
+    what makes speculation lossless in bf16 (issue 5). Before, cuBLAS at 32 and 64 rows rounded otherwise, and
+    most embeddings after the first differing frame differed."""
     import torch
 
     from realtime.audio import IncrementalLogMel, load_audio_file
@@ -748,11 +750,12 @@ def test_gpu_encoder_chunks_give_the_bits_of_one_token_calls(cuda_graphs):
     model, _ = load_model(DEFAULT_MODEL_DIR, device="cuda", dtype=torch.bfloat16)
     audio = load_audio_file(str(DEFAULT_MODEL_DIR.parent.parent / "demo" / "samples" / "sample_en.wav"), 16000)
     audio = np.concatenate([audio, np.zeros(3 * 16000, np.float32)])  # 96 tokens need 7.7 s after the left pad
-    plans = {"one token per call": [1] * 96, "chunks": [8] * 9 + [4, 2, 1, 1] + [8] * 2}
+    chunks = [8] * 9 + [4, 2, 1, 1] + [8] * 2 if chunk == 8 else [32, 16, 8, 4, 2, 1, 1, 32]
+    plans = {"one token per call": [1] * 96, "chunks": chunks}
     got = {}
     for name, plan in plans.items():
-        runner = ModelRunner(model, RunnerOptions(max_streams=2, max_batch=2, max_step_tokens=8, encoder_chunk=8,
-                                                  cuda_graphs=cuda_graphs))
+        runner = ModelRunner(model, RunnerOptions(max_streams=2, max_batch=2, max_step_tokens=8, encoder_chunk=chunk,
+                                                  encoder_cache_tokens=chunk, cuda_graphs=cuda_graphs))
         enc, cl = runner.encoder, runner.cache_len
         runner.admit(1)
         mel = IncrementalLogMel.for_stream(model.config)
@@ -883,25 +886,28 @@ def test_encoder_projections_ask_for_batch_invariant_rows_and_the_lm_does_not(ti
 
 def test_encoder_rows_option_is_checked_and_restored(tiny_ckpt, monkeypatch):
     """`RunnerOptions.encoder_rows`: None gives STREAMSCRIBE_ENCODER_ROWS if set, else 64 with look-ahead chunks
-    and 16 without; 16..64 are taken as given; anything else is refused with the option's or the variable's name. `VoxtralRealtime.encoder_rows` sets every encoder
+    and 16 without; 16..256 are taken as given (a look-ahead call of several tokens takes at least the conv stem's
+    rows at the largest chunk: 256 at 32 tokens); anything else is refused with the option's or the variable's name. `VoxtralRealtime.encoder_rows` sets every encoder
     projection's rows and restores them on exit, also after an exception."""
     from kernels.linear import INVARIANT_ROWS, MAX_ROWS
     from realtime.engine.model_runner import encoder_rows_for
 
     monkeypatch.delenv("STREAMSCRIBE_ENCODER_ROWS", raising=False)
     assert encoder_rows_for(RunnerOptions()) == MAX_ROWS
-    assert encoder_rows_for(RunnerOptions(encoder_chunk=8)) == INVARIANT_ROWS
+    assert encoder_rows_for(RunnerOptions(encoder_chunk=8)) == encoder_rows_for(RunnerOptions(encoder_chunk=32)) \
+        == INVARIANT_ROWS
+    assert encoder_rows_for(RunnerOptions(encoder_rows=256)) == 256
     assert encoder_rows_for(RunnerOptions(encoder_rows=32)) == 32
     assert encoder_rows_for(RunnerOptions(encoder_chunk=8, encoder_rows=16)) == 16
-    for bad in (8, 65, 32.0, True):
-        with pytest.raises(ValueError, match="encoder_rows must be an integer in 16..64, got"):
+    for bad in (8, 257, 32.0, True):
+        with pytest.raises(ValueError, match="encoder_rows must be an integer in 16..256, got"):
             encoder_rows_for(RunnerOptions(encoder_rows=bad))
     monkeypatch.setenv("STREAMSCRIBE_ENCODER_ROWS", "64")
     assert encoder_rows_for(RunnerOptions()) == INVARIANT_ROWS
     assert encoder_rows_for(RunnerOptions(encoder_rows=16)) == MAX_ROWS  # the option wins
     for bad in ("8", "many"):
         monkeypatch.setenv("STREAMSCRIBE_ENCODER_ROWS", bad)
-        with pytest.raises(ValueError, match="STREAMSCRIBE_ENCODER_ROWS must be an integer in 16..64"):
+        with pytest.raises(ValueError, match="STREAMSCRIBE_ENCODER_ROWS must be an integer in 16..256"):
             encoder_rows_for(RunnerOptions())
     monkeypatch.delenv("STREAMSCRIBE_ENCODER_ROWS")
     model, _ = load_model(tiny_ckpt(seed=1))

@@ -194,7 +194,8 @@ def test_rows_sent_to_the_kernel_by_caller_and_switches(monkeypatch):
 
     monkeypatch.delenv("STREAMSCRIBE_SKINNY_ROWS", raising=False)
     monkeypatch.delenv("STREAMSCRIBE_INVARIANT_ROWS", raising=False)
-    assert (kernel_rows(16), kernel_rows(32), kernel_rows(64)) == (16, 32, 64)
+    assert (kernel_rows(16), kernel_rows(32), kernel_rows(64), kernel_rows(256)) == (16, 32, 64, 256)
+    assert kernel_rows(512) == 256  # MAX_INVARIANT_ROWS: a 32-token look-ahead chunk's conv stem
     monkeypatch.setenv("STREAMSCRIBE_SKINNY_ROWS", "8")
     assert (kernel_rows(16), kernel_rows(64)) == (8, 64)
     monkeypatch.setenv("STREAMSCRIBE_INVARIANT_ROWS", "32")
@@ -204,15 +205,15 @@ def test_rows_sent_to_the_kernel_by_caller_and_switches(monkeypatch):
 
 
 def test_invariant_rows_switch_is_checked(monkeypatch):
-    from kernels.linear import INVARIANT_ROWS, invariant_rows_limit
+    from kernels.linear import MAX_INVARIANT_ROWS, invariant_rows_limit
 
     monkeypatch.delenv("STREAMSCRIBE_INVARIANT_ROWS", raising=False)
-    assert invariant_rows_limit() == INVARIANT_ROWS
+    assert invariant_rows_limit() == MAX_INVARIANT_ROWS == 256
     monkeypatch.setenv("STREAMSCRIBE_INVARIANT_ROWS", "32")
     assert invariant_rows_limit() == 32
-    for bad in ("8", "65", "many"):
+    for bad in ("8", "257", "many"):
         monkeypatch.setenv("STREAMSCRIBE_INVARIANT_ROWS", bad)
-        with pytest.raises(ValueError, match="STREAMSCRIBE_INVARIANT_ROWS must be an integer in 16..64"):
+        with pytest.raises(ValueError, match="STREAMSCRIBE_INVARIANT_ROWS must be an integer in 16..256"):
             invariant_rows_limit()
 
 

@@ -31,6 +31,7 @@ from test_engine import Recorder, assert_whole_clips_transcribed, drive
 
 from realtime.config import load_config
 from realtime.engine import BatchedEngine, RunnerOptions
+from realtime.engine.chained_rounds import one_graph_rounds
 from realtime.engine.offline import transcribe_batch
 from realtime.engine.prompt_prefix import RecordingAttention, silent_prefix_tokens
 from realtime.engine.speculation import RealtimeTarget, SpeculativeConfig, Speculator, runner_options_for
@@ -407,11 +408,69 @@ def test_bad_speculative_settings(target):
                       speculative=SpeculativeConfig(d, num_speculative_tokens=8))
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         BatchedEngine(model, tok, speculative=SpeculativeConfig(d, num_speculative_tokens=0))
+    for bad in (0, 33, 2.0, True):
+        with pytest.raises(ValueError, match=rf"lookahead_chunk must be an integer in 1..32 or None, got {bad!r}"):
+            BatchedEngine(model, tok, opts=RunnerOptions(1, 1, cuda_graphs=False),
+                          speculative=SpeculativeConfig(d, 4, lookahead_chunk=bad))
+    # a look-ahead chunk larger than a step's LM rows: the encoder's KV ring is sized for its queries
+    big = BatchedEngine(model, tok, opts=RunnerOptions(1, 1, cuda_graphs=False),
+                        speculative=SpeculativeConfig(d, 4, lookahead_chunk=32))
+    fpt = model.config.streaming.downsample_factor
+    assert big.runner.encoder.max_chunk == 32 and big.runner.enc_cache.spec.max_q_len == 32 * fpt
+    assert big.runner.encoder.chunk_rows == 32 * model.config.streaming.mel_frames_per_token
     small = RunnerOptions(1, 1, cuda_graphs=False, encoder_cache_tokens=8)
     with pytest.raises(ValueError, match="audio cache"):
         Speculator(BatchedEngine(model, tok, opts=small).runner, SpeculativeConfig(d, 4))
     # the engine deepens the audio ring itself
     assert BatchedEngine(model, tok, opts=small, speculative=SpeculativeConfig(d, 4)).runner.cache_len >= 2 * 4 + 8
+
+
+def test_look_ahead_calls_keep_their_rows_on_the_invariant_kernel(target):
+    """A look-ahead call gives each stream as many tokens as keep the call's conv-stem rows (8 mel frames a token)
+    within the encoder's chunk rows (256 with 32-token chunks), never fewer than a step's 8: one stream 32, two
+    16, four or more 8. Calls of several tokens ask `linear` for those rows, one-token calls for the runner's 64
+    (what a plain runner's steps ask for). The calls a backlogged run of 3 streams makes follow it."""
+    model, tok = target
+    d = echo_drafter(model)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(4, 4, cuda_graphs=False),
+                        speculative=SpeculativeConfig(d, 4, lookahead_chunk=32))
+    sp = eng.speculator
+    assert (sp.runner.encoder_rows, sp.lookahead.chunk_rows) == (64, 256)
+    assert [sp.tokens_per_call(n) for n in (1, 2, 3, 4, 16)] == [32, 16, 8, 8, 8]
+    eight = BatchedEngine(model, tok, opts=RunnerOptions(4, 4, cuda_graphs=False),
+                          speculative=SpeculativeConfig(d, 4, lookahead_chunk=8))
+    assert eight.speculator.lookahead.chunk_rows == 64 and eight.speculator.tokens_per_call(1) == 8
+    calls: list[tuple[int, int, int]] = []  # (tokens a stream, streams, rows asked of `linear`) of every call
+    run = sp.lookahead.run
+    conv = model.audio_tower.embedder
+
+    def spy(n, windows, slots, audio_done, ahead=False):
+        out = run(n, windows, slots, audio_done, ahead)
+        calls.append((n, len(slots), asked[-1]))
+        return out
+
+    asked: list[int] = []
+    forward = sp.lookahead._encode
+
+    def spy_encode(n, b):
+        asked.append(conv.linear_rows)  # inside the call's `encoder_rows` context
+        return forward(n, b)
+
+    sp.lookahead._encode = spy_encode
+
+    sp.lookahead.run = spy
+    rec = Recorder()
+    clips = [LONG, SEEN[0], UNSEEN[1]]
+    sids = []
+    for clip in clips:
+        sids.append(eng.open_stream(rec))
+        eng.push_audio(sids[-1], clip)
+        eng.finish_stream(sids[-1])
+    drive(eng)
+    assert all(isinstance(rec.done(s), StreamDone) for s in sids)
+    assert calls and all(n <= sp.tokens_per_call(b) for n, b, _ in calls), calls
+    assert any(n == 32 for n, b, _ in calls) and any(b == 3 for n, b, _ in calls), calls
+    assert all(rows == (64 if n == 1 else 256) for n, _, rows in calls), calls
 
 
 def test_max_session_length_with_speculation(target, drafter_kind):
@@ -1375,7 +1434,7 @@ def test_speculation_turns_the_one_row_path_off_unless_forced(trained_parallel):
 
 
 @pytest.mark.parametrize("kind", ["chain", "parallel", "two_pass"])
-@pytest.mark.parametrize("chunk", [None, 1])
+@pytest.mark.parametrize("chunk", [None, 1, 32])
 def test_next_look_ahead_never_writes_a_row_this_step_reads(target, request, kind, chunk):
     """On CUDA the next step's look-ahead runs on the encoder's stream, beside the step just launched
     (`ModelRunner.on_encoder_stream`), so no ordering protects the audio rows that step still reads:
@@ -1566,7 +1625,7 @@ def test_chained_rounds_with_small_rings_and_one_token_chunks(tiny_ckpt, cls):
         with torch.no_grad():
             drafter.mask_embedding.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(0))
     clips = [synthetic_audio(6.0, seed=402)]
-    for chunk in (None, 1):
+    for chunk in (None, 1, 16, 32):  # 16 and 32: look-ahead calls of more tokens than a step's LM rows (8)
         spec = SpeculativeConfig(drafter, 5, lookahead_chunk=chunk, **CHAINED)
         got, st, spy = _offline_one_by_one(model, tok, spec, clips, block_size=4)
         assert got == [reference(model, tok, clips[0])]
@@ -1675,26 +1734,50 @@ def test_a_chained_rounds_layout_is_the_host_paths(target, request, kind, k, min
 @pytest.mark.gpu
 @pytest.mark.parametrize("cls", [EagleDrafter, ParallelEagleDrafter, TwoPassEagleDrafter])
 @pytest.mark.parametrize("small_windows", [False, True])
-def test_gpu_chained_rounds_with_graphs_equal_eager_and_the_session(tiny_ckpt, small_windows, cls):
-    """On the GPU, chains replay the speculator's graphs between their own layout and acceptance graphs: the
-    tokens equal the eager chains', the host path's and the session's (fp32)."""
+def test_gpu_chained_rounds_with_graphs_equal_eager_and_the_session(tiny_ckpt, small_windows, cls, monkeypatch):
+    """On the GPU, a chained round is one graph (the default) or the speculator's graphs between layout's and
+    acceptance's (STREAMSCRIBE_ROUND_GRAPH=0): either way the tokens equal the eager chains', the host path's and
+    the session's (fp32)."""
     model, tok, drafter = gpu_echo_setup(tiny_ckpt, small_windows, cls)
     clips = [synthetic_audio(4.0 + i, seed=520 + i) for i in range(3)]
     want = [transcribe(model, tok, c).token_ids for c in clips]
-    for graphs, chained in itertools.product((False, True), (8, 0)):
+    for graphs, chained, one_graph in [(False, 8, "1"), (False, 0, "1"), (True, 8, "1"), (True, 8, "0"),
+                                       (True, 0, "1")]:
+        monkeypatch.setenv("STREAMSCRIBE_ROUND_GRAPH", one_graph)
         got, st, spy = _offline_one_by_one(model, tok, SpeculativeConfig(drafter, 4, chained_rounds=chained), clips,
                                            cuda_graphs=graphs, block_size=16)
-        assert got == want, (graphs, chained)
+        assert got == want, (graphs, chained, one_graph)
         assert (spy.chains > 0) == (chained > 0) and st.spec_accepted > 0
+        if graphs and chained:  # the round took the graphs asked for
+            assert (spy.chained.g_round is not None) == (one_graph == "1"), one_graph
+
+
+def test_the_round_graph_switch_takes_0_or_1_and_says_what_else_it_got(monkeypatch):
+    """STREAMSCRIBE_ROUND_GRAPH: unset or 1, a chained round is one CUDA graph; 0, six; anything else is an error
+    that names the variable and the value (not a silent default)."""
+    monkeypatch.delenv("STREAMSCRIBE_ROUND_GRAPH", raising=False)
+    assert one_graph_rounds()
+    for value, want in (("1", True), ("0", False)):
+        monkeypatch.setenv("STREAMSCRIBE_ROUND_GRAPH", value)
+        assert one_graph_rounds() is want
+    monkeypatch.setenv("STREAMSCRIBE_ROUND_GRAPH", "yes")
+    with pytest.raises(ValueError, match="STREAMSCRIBE_ROUND_GRAPH must be 0 or 1, got 'yes'"):
+        one_graph_rounds()
 
 
 def test_chaining_is_on_by_default_on_cuda_only(target, trained):
     """By default (None) an engine chains on CUDA (8 rounds) and not on the CPU, where the host waits for no device
-    and a chain would only hold the engine longer; an explicit value is kept on either."""
+    and a chain would only hold the engine longer; an explicit value is kept on either. Likewise the look-ahead
+    encoder's calls take up to 32 tokens on CUDA (a call costs about the same at 1 or 32 tokens there) and up to
+    max_step_tokens (8) on the CPU, where its cost grows with its tokens."""
     model, tok = target
     spec = SpeculativeConfig(trained, 4)
-    assert spec.on(torch.device("cuda")).chained_rounds == 8 and spec.on(torch.device("cpu")).chained_rounds == 0
+    cuda, cpu = spec.on(torch.device("cuda")), spec.on(torch.device("cpu"))
+    assert cuda.chained_rounds == 8 and cpu.chained_rounds == 0
+    assert cuda.lookahead_chunk == 32 and cpu.lookahead_chunk is None
+    assert cpu.chunk(RunnerOptions()) == 8 and cuda.chunk(RunnerOptions()) == 32
     assert SpeculativeConfig(trained, 4, chained_rounds=3).on(torch.device("cpu")).chained_rounds == 3
     assert SpeculativeConfig(trained, 4, chained_rounds=0).on(torch.device("cuda")).chained_rounds == 0
+    assert SpeculativeConfig(trained, 4, lookahead_chunk=4).on(torch.device("cuda")).lookahead_chunk == 4
     got, _, spy = _offline_one_by_one(model, tok, spec, [LONG])
     assert spy.chained is None and spy.chains == 0 and got == [reference(model, tok, LONG)]

@@ -5,16 +5,19 @@ rows start) depends on how many drafts the round before accepted, so the host pa
 then `Speculator.accept` on the host) waits for every round's tokens before it lays out the next, and the
 device idles through the host's acceptance, token callbacks and next layout. Chaining takes that out from
 between the rounds: at batch 1 on one H100, 2.56x against 2.40x for the same rounds through the host (in
-the same run; docs/benchmarks.md, issue 5, forty-fourth session). The rounds are then bound by the device.
+the same run; docs/benchmarks.md, issue 5, forty-fourth session). The rounds are then bound by the device: a round
+is one CUDA graph (about 222 us of an H100's time), and its audio comes in look-ahead calls of up to 32 tokens
+(`SpeculativeConfig.lookahead_chunk`), which made it 2.99-3.05x (forty-fifth session).
 
 What: for one scheduled stream with audio for several rounds (a file, a stream past its end, a live stream catching
 up on a backlog), the round's state lives on the device. Per round, one kernel (`layout`, `kernels.spec_round`)
 writes the speculator's step metadata from the device state (position p, the position `prev` the drafter is exact up
 to, the last position the stream may run, and a ring of the input tokens of recent positions); the speculator's
-catch-up, chain and verify graphs run on it unchanged; a second kernel (`accept`) does greedy acceptance (the
+catch-up, chain and verify forwards run on it unchanged; a second kernel (`accept`) does greedy acceptance (the
 longest prefix of drafts equal to the target's argmaxes, within the drafts the round may make), advances the state
-and logs the round. (Written as torch ops they were ~110 tiny kernels a round, which made a chained round slower
-than a host round on the H100: docs/benchmarks.md, issue 5.) The host queues R rounds back to back (their look-ahead
+and logs the round. On CUDA the whole round is one graph (`one_graph_rounds`). (Written as torch ops, layout
+and acceptance were ~110 tiny kernels a round, which made a chained round slower than a host round on the H100:
+docs/benchmarks.md, issue 5.) The host queues R rounds back to back (their look-ahead
 encoder calls too: which audio they need does not depend on acceptance, only how much at most) and reads the log
 once. It stays at most two rounds ahead of the device (`_HOST_LEAD`), so the look-ahead's staging buffers, a ring of
 two, never make it wait for the whole device.
@@ -31,6 +34,7 @@ wastes the rest of it, which is discarded on the host.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -59,6 +63,15 @@ if TYPE_CHECKING:
 # the host queues round r only after round r - _HOST_LEAD has run on the device: enough to keep the device
 # busy, and the staging rings (two sets each) of the look-ahead encoder calls never wait for the whole device
 _HOST_LEAD = 2
+
+
+def one_graph_rounds() -> bool:
+    """Whether a chained round is one CUDA graph (the default) or the speculator's graphs with layout's and
+    accept's between them (STREAMSCRIBE_ROUND_GRAPH=0, for A/B runs; read when an engine is made)."""
+    value = os.environ.get("STREAMSCRIBE_ROUND_GRAPH", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"STREAMSCRIBE_ROUND_GRAPH must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def chained_audio_rows(k: int, rounds: int, chunk: int) -> int:
@@ -105,12 +118,23 @@ class ChainedRounds:
             dr_pos=m["dr_pos"][:chain, 0] if chain else None,
             dr_slot_mapping=m["dr_slot_mapping"][:chain, 0] if chain else None,
             dr_aud=m["dr_aud"][:chain, 0] if chain and sp.drafter_audio else None)
-        self.g_layout = self.g_accept = None
-        if sp.g_verify is not None:  # the speculator captured its graphs: these two join them
-            self.g_layout = DecodeGraphRunner(lambda _: self.layout(), 1, dev)
-            self.g_layout.capture()
-            self.g_accept = DecodeGraphRunner(lambda _: self.accept(), 1, dev)
-            self.g_accept.capture()
+        self.g_layout = self.g_accept = self.g_round = None
+        if sp.g_verify is not None:  # the speculator captured its graphs
+            if one_graph_rounds():
+                # the whole round in one graph: one launch a round instead of six, no gap between them on the
+                # device. Its kernels all ran at these shapes in the speculator's warm-ups but layout's and
+                # accept's: run those two here (on the zero state: they write only the metadata and the state)
+                # and capture without a warm-up, whose catch-up and verify would write KV at the rows layout laid
+                self.layout()
+                self.accept()
+                self._init.zero_()
+                self.g_round = DecodeGraphRunner(lambda _: self._round(), 1, dev)
+                self.g_round.capture(warmup=False)
+            else:
+                self.g_layout = DecodeGraphRunner(lambda _: self.layout(), 1, dev)
+                self.g_layout.capture()
+                self.g_accept = DecodeGraphRunner(lambda _: self.accept(), 1, dev)
+                self.g_accept.capture()
 
     def last_decodable(self, s: EngineStream) -> int:
         """The last position stream `s` can run with the audio it has now (all of it is there once it is finished:
@@ -143,6 +167,18 @@ class ChainedRounds:
         """Greedy acceptance on the device; advances the state and logs the round."""
         round_accept(self.consts, self.state, self.tokens, self.sp.v_next, self.sp.v_tokens, self.log)
 
+    def _round(self) -> None:
+        """One round at the sizes the speculator's graphs replay it at (catch-up and verify rows padded to their
+        buckets), so that the one-graph round computes what the six graphs do."""
+        sp = self.sp
+        self.layout()
+        sp._catchup_forward(sp.g_catchup.bucket(self.catchup_rows))
+        sp._chain_forward(sp.g_chain.bucket(1))
+        t = sp.g_verify.bucket(self.k + 1)
+        sp._verify_inputs(t)
+        sp._verify_forward(t)
+        self.accept()
+
     # -- one chain --------------------------------------------------------------------------------------
     @torch.no_grad()
     def run(self, s: EngineStream, rounds: int) -> list[int]:
@@ -161,7 +197,9 @@ class ChainedRounds:
                 fence.passed(marks[r - _HOST_LEAD])
             # round r reads audio up to p_r + k <= p0 + r(k+1) + k
             self._encode_until(s, prev0, min(p0 + r * (k + 1) + k + 1, last + 1))
-            if self.g_layout is not None:
+            if self.g_round is not None:
+                self.g_round.replay(1)
+            elif self.g_layout is not None:
                 self.g_layout.replay(1)
                 sp.g_catchup.replay(sp.g_catchup.bucket(t_c))
                 sp.g_chain.replay(sp.g_chain.bucket(1))

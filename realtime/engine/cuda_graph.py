@@ -71,13 +71,17 @@ class DecodeGraphRunner:
         raise ValueError(f"batch {b} exceeds the largest graph bucket {self.buckets[-1]}")
 
     @torch.no_grad()
-    def capture(self) -> None:
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for b in self.buckets:  # warm-up: lazy init, Triton compilation, allocator
-                self.forward(b)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+    def capture(self, warmup: bool = True) -> None:
+        """Capture `forward` at every bucket. `warmup`: run it eagerly first (lazy init, Triton compilation,
+        allocator); False for a forward whose every kernel has already run at these shapes and whose eager run
+        would write caches (a capture only records)."""
+        if warmup:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for b in self.buckets:
+                    self.forward(b)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
         with collected_then_no_gc():
             # largest first so smaller graphs reuse the memory pool
             for b in reversed(self.buckets):

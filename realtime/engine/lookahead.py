@@ -6,7 +6,7 @@ of the LM, several tokens per call. One call encodes `n` consecutive audio token
 a batch (n a power of two up to the largest chunk): the raw sample windows [B, samples for 8n mel
 frames] through the log-mel front-end (float64 FFT on the device), the conv stem (per stream state),
 the encoder layers (paged sliding-window attention, 4n query frames per stream: the encoder ring is
-sized for `fpt * max_step_tokens` queries, so n <= max_step_tokens) and the adapter; the n
+sized for `fpt * max(max_step_tokens, encoder_chunk)` queries) and the adapter; the n
 embeddings of each stream land in the runner's `audio_cache` ring at rows `slot * C + position % C`. A stream that needs 7 tokens runs in the 4-, 2- and 1-token calls of
 the step, in that order (its tokens stay in sequence: each call starts where the last ended).
 
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from kernels.linear import MAX_INVARIANT_ROWS
 from kernels.paged_attention import splits_for_streams
 
 from .attention import PagedAttention
@@ -51,9 +52,10 @@ def chunk_sizes(max_chunk: int) -> list[int]:
 class LookaheadEncoder:
     def __init__(self, runner: ModelRunner, max_chunk: int) -> None:
         c = runner.cfg
-        if max_chunk > runner.opts.max_step_tokens:
-            raise ValueError(f"encoder chunk {max_chunk} exceeds max_step_tokens {runner.opts.max_step_tokens} "
-                             "(the encoder KV ring is sized for that many tokens per call)")
+        ring_tokens = runner.enc_cache.spec.max_q_len // c.streaming.downsample_factor
+        if max_chunk > ring_tokens:
+            raise ValueError(f"encoder chunk {max_chunk} exceeds the {ring_tokens} audio tokens a call may query "
+                             "(the encoder KV ring is sized for max(max_step_tokens, encoder_chunk) tokens per call)")
         if max_chunk > runner.cache_len:
             raise ValueError(f"encoder chunk {max_chunk} exceeds the audio cache ring ({runner.cache_len} tokens)")
         self.runner = runner
@@ -61,6 +63,12 @@ class LookaheadEncoder:
         self.max_chunk = self.sizes[0]
         self.fpt = fpt = c.streaming.downsample_factor
         self.mpt = c.streaming.mel_frames_per_token
+        # the most rows a call of several tokens sends to `linear`'s batch-invariant kernel: the conv stem's rows of
+        # one stream at the largest chunk (256 at 32 tokens), so that it gives the bits of one-token calls. One-token
+        # calls keep the runner's `encoder_rows` (64), as a plain runner's steps do: at 16 streams and more both
+        # take cuBLAS, whose bits agree across row counts far more often than the kernel's and cuBLAS's do (batch
+        # 16, bf16: 10 of 16 streams equal to plain decoding against 3 with 256 for every call; forty-fifth session)
+        self.chunk_rows = max(runner.encoder_rows, min(MAX_INVARIANT_ROWS, self.mpt * self.max_chunk))
         b, dev = runner.opts.max_batch, runner.device
         width = runner.enc_cache.width
         # sample windows of each call: filled on the host (pinned) and copied once per call
@@ -99,8 +107,9 @@ class LookaheadEncoder:
 
     def _forward(self, n: int, b: int) -> None:
         """Encode `n` tokens for the first `b` rows of the buffers (graph-capturable), the encoder's projections
-        sending up to the runner's `encoder_rows` rows to the batch-invariant kernel."""
-        with self.runner.model.encoder_rows(self.runner.encoder_rows):
+        sending up to the runner's `encoder_rows` rows (`chunk_rows` for several tokens) to the batch-invariant
+        kernel."""
+        with self.runner.model.encoder_rows(self.runner.encoder_rows if n == 1 else self.chunk_rows):
             self._encode(n, b)
 
     def _encode(self, n: int, b: int) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kernels.gather_add import gather_add_embeddings
-from kernels.linear import INVARIANT_ROWS, MAX_ROWS
+from kernels.linear import INVARIANT_ROWS, MAX_INVARIANT_ROWS, MAX_ROWS
 
 from ..audio import LogMel
 from ..model import VoxtralRealtime
@@ -76,9 +76,11 @@ class RunnerOptions:
     # between a batch-1 step and a larger batch; a speculative engine therefore leaves None as False (lossless
     # speculation: `speculation.runner_options_for`); fp32 is exact either way
     one_row_decode: bool | None = None
-    # the most rows of an audio-encoder projection that go to `linear`'s batch-invariant kernel (16..64; more go to
+    # the most rows of an audio-encoder projection that go to `linear`'s batch-invariant kernel (16..256; more go to
     # cuBLAS). None: 64 (`kernels.linear.INVARIANT_ROWS`) when the runner encodes look-ahead chunks
-    # (encoder_chunk > 1: speculation, whose 8-token chunks must give the bits of 8 one-token steps), else 16: at
+    # (encoder_chunk > 1: speculation, whose 8-token chunks must give the bits of 8 one-token steps; its calls of
+    # more than one token take up to their conv stem's rows at the largest chunk, `LookaheadEncoder.chunk_rows`),
+    # else 16: at
     # 5-16 streams a plain step is faster with cuBLAS for the rest (full-size model, H200, twenty-ninth session:
     # 16 streams 4.98 against 5.80 ms). A row's bits are the same either way where its call takes the kernel
     # (up to 16 rows: a plain step of up to 4 streams, 2 in the conv stem). STREAMSCRIBE_ENCODER_ROWS sets it where
@@ -117,8 +119,8 @@ def encoder_rows_for(opts: RunnerOptions) -> int:
         rows = int(rows) if rows.isdigit() else rows
     if rows is None:
         return INVARIANT_ROWS if opts.encoder_chunk > 1 else MAX_ROWS
-    if isinstance(rows, bool) or not isinstance(rows, int) or not MAX_ROWS <= rows <= INVARIANT_ROWS:
-        raise ValueError(f"{source} must be an integer in {MAX_ROWS}..{INVARIANT_ROWS}, got {rows!r}")
+    if isinstance(rows, bool) or not isinstance(rows, int) or not MAX_ROWS <= rows <= MAX_INVARIANT_ROWS:
+        raise ValueError(f"{source} must be an integer in {MAX_ROWS}..{MAX_INVARIANT_ROWS}, got {rows!r}")
     return rows
 
 
@@ -144,7 +146,7 @@ def cache_specs(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[CacheSpec,
     fpt = c.streaming.downsample_factor
     # the prompt prefix is computed densely and copied in, so the rings only cover decode-step queries
     enc = CacheSpec(c.encoder.num_layers, c.encoder.num_heads, c.encoder.head_dim, opts.block_size,
-                    c.encoder.sliding_window, max_q_len=fpt * opts.max_step_tokens)
+                    c.encoder.sliding_window, max_q_len=fpt * max(opts.max_step_tokens, opts.encoder_chunk))
     lm = CacheSpec(c.decoder.num_layers, c.decoder.num_kv_heads, c.decoder.head_dim, opts.block_size,
                    c.decoder.sliding_window, max_q_len=opts.max_step_tokens)
     return enc, lm

@@ -94,6 +94,9 @@ logger = logging.getLogger(__name__)
 
 
 MAX_TREE_NODES = 256
+# the largest look-ahead encoder call: its conv stem's 256 mel frames are the most rows `linear`'s batch-invariant
+# kernel takes (kernels.linear.MAX_INVARIANT_ROWS), which lossless look-ahead needs
+MAX_LOOKAHEAD_CHUNK = 32
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,13 @@ class SpeculativeConfig:
     drafter: EagleModel
     num_speculative_tokens: int = 4  # k: most drafts per stream per step (k + 1 <= max_step_tokens)
     min_buffered_tokens: int = 2  # speculate when at least this many audio tokens are decodable
-    lookahead_chunk: int | None = None  # audio tokens per look-ahead encoder call (None: largest allowed)
+    # audio tokens per look-ahead encoder call, a power of two up to MAX_LOOKAHEAD_CHUNK. None (`on`): 32 on CUDA,
+    # where a call's cost hardly grows with its tokens at small batches (the encoder is a chain of small
+    # latency-bound kernels: the small default model's call of 1 token keeps an H100 busy 219 us, of 32 tokens
+    # 366 us), so a chain of rounds pays for one call where it paid for four (batch 1: 2.34x -> 3.05x, forty-fifth
+    # session); elsewhere the largest power of two up to max_step_tokens. Its cost: the encoder's KV ring takes
+    # 4 x 32 query frames a call, and the audio ring 32 rows more (the small model: 5.55 MB a stream against 4.65)
+    lookahead_chunk: int | None = None
     # tree verification (parallel drafters): the target checks this many draft nodes per round, a
     # static tree of the drafter's likeliest choices at each depth (`tree`), instead of one chain of k
     tree_nodes: int | None = None
@@ -118,14 +127,17 @@ class SpeculativeConfig:
     chained_rounds: int | None = None
 
     def on(self, device: torch.device) -> SpeculativeConfig:
-        """This configuration for an engine on `device`, `chained_rounds` decided (None: 8 on CUDA, else 0)."""
-        if self.chained_rounds is not None:
-            return self
-        return replace(self, chained_rounds=8 if device.type == "cuda" else 0)
+        """This configuration for an engine on `device`: `chained_rounds` (None: 8 on CUDA, else 0) and
+        `lookahead_chunk` (None: MAX_LOOKAHEAD_CHUNK on CUDA, else left to `chunk`) decided."""
+        cuda = device.type == "cuda"
+        chained = self.chained_rounds if self.chained_rounds is not None else (8 if cuda else 0)
+        chunk = self.lookahead_chunk if self.lookahead_chunk is not None or not cuda else MAX_LOOKAHEAD_CHUNK
+        return replace(self, chained_rounds=chained, lookahead_chunk=chunk)
 
     def chunk(self, opts: RunnerOptions) -> int:
-        top = chunk_sizes(opts.max_step_tokens)[0]
-        return top if self.lookahead_chunk is None else chunk_sizes(min(self.lookahead_chunk, top))[0]
+        if self.lookahead_chunk is None:
+            return chunk_sizes(opts.max_step_tokens)[0]
+        return chunk_sizes(min(self.lookahead_chunk, MAX_LOOKAHEAD_CHUNK))[0]
 
 
 def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOptions:
@@ -152,6 +164,9 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
     if t is not None and (m is None or isinstance(t, bool) or not isinstance(t, int) or t < 1):
         raise ValueError(f"tree_max_streams must be an integer >= 1 with tree_nodes, got {t!r}"
                          + ("" if m is not None else " without tree_nodes"))
+    c = cfg.lookahead_chunk
+    if c is not None and (isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_LOOKAHEAD_CHUNK):
+        raise ValueError(f"lookahead_chunk must be an integer in 1..{MAX_LOOKAHEAD_CHUNK} or None, got {c!r}")
     if cfg.min_buffered_tokens < 2:
         raise ValueError(f"min_buffered_tokens must be >= 2, got {cfg.min_buffered_tokens}")
     need = 3 * k + 1 + cfg.chunk(opts)
@@ -335,6 +350,7 @@ class Speculator:
         self._prefixes: dict[int, DrafterPrefix] = {}  # by delay
         self.lookahead = runner.encoder  # built by the runner with this speculation's chunk size
         self.chunk = self.lookahead.max_chunk
+        self.step_chunk = min(self.chunk, chunk_sizes(runner.opts.max_step_tokens)[0])
 
         b, h = opts.max_batch, lm.hidden_size
         r = self.max_rows = b * self.verify_rows
@@ -612,17 +628,27 @@ class Speculator:
                            ahead=True)
 
     def _encode_ahead(self, wants: list[tuple[EngineStream, int, int]], ahead: bool = False) -> None:
-        """For each (stream, anchor, want): up to `chunk` more audio tokens if fewer than `want` are
-        encoded, never past the audio received, the stream's last position, or position anchor + C
-        (ring rows of positions above the anchor are still to be read)."""
+        """For each (stream, anchor, want): more audio tokens if fewer than `want` are encoded, never past the audio
+        received, the stream's last position, or position anchor + C (ring rows of positions above the anchor are
+        still to be read); at most `tokens_per_call` of them."""
         work = []
         for s, anchor, want in wants:
             if s.audio_done >= want:
                 continue
             upper = min(s.audio_done + s.audio_tokens_ready(self.mpt), anchor + 1 + self.C, s.last_position() + 1)
             if upper > s.audio_done:
-                work.append((s, min(upper - s.audio_done, self.chunk)))
-        self.lookahead.encode(work, ahead)
+                work.append((s, upper - s.audio_done))
+        most = self.tokens_per_call(len(work))
+        self.lookahead.encode([(s, min(n, most)) for s, n in work], ahead)
+
+    def tokens_per_call(self, streams: int) -> int:
+        """The most audio tokens a stream gets in a look-ahead call of `streams` streams: `chunk`, as far as the
+        call's conv-stem rows (mel frames) stay on `linear`'s batch-invariant kernel (`LookaheadEncoder.chunk_rows`),
+        so that a look-ahead gives the bits of one-token calls; never below the largest power of two up to
+        max_step_tokens (a step's own need; more streams than that keeps on the kernel take cuBLAS as before
+        32-token calls). One stream (batch 1, a chain's calls): 32 tokens; four or more: 8."""
+        fit = chunk_sizes(max(1, self.lookahead.chunk_rows // (self.mpt * max(1, streams))))[0]
+        return min(self.chunk, max(fit, self.step_chunk))
 
     def _layout(self, streams: list[EngineStream]) -> tuple[_Plan, int, int]:
         """Draft lengths, and the step's rows written into the host staging of the metadata."""
