@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import itertools
 import logging
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -435,11 +436,25 @@ def test_look_ahead_calls_keep_their_rows_on_the_invariant_kernel(target):
     eng = BatchedEngine(model, tok, opts=RunnerOptions(4, 4, cuda_graphs=False),
                         speculative=SpeculativeConfig(d, 4, lookahead_chunk=32))
     sp = eng.speculator
-    assert (sp.runner.encoder_rows, sp.lookahead.chunk_rows) == (64, 256)
-    assert [sp.tokens_per_call(n) for n in (1, 2, 3, 4, 16)] == [32, 16, 8, 8, 8]
+    enc = sp.lookahead
+    assert (sp.runner.encoder_rows, enc.chunk_rows) == (64, 256)
+    assert [enc.tokens_per_call(n) for n in (1, 2, 3, 4, 16)] == [32, 16, 8, 8, 8]
+    # buffers (and on CUDA graphs) for a call of n tokens only as wide as the streams it takes
+    assert enc.max_streams == {32: 1, 16: 2, 8: 4, 4: 4, 2: 4, 1: 4}
+    assert [enc.samples[n].shape[0] for n in (32, 16, 8)] == [1, 2, 4]
     eight = BatchedEngine(model, tok, opts=RunnerOptions(4, 4, cuda_graphs=False),
-                          speculative=SpeculativeConfig(d, 4, lookahead_chunk=8))
-    assert eight.speculator.lookahead.chunk_rows == 64 and eight.speculator.tokens_per_call(1) == 8
+                          speculative=SpeculativeConfig(d, 4, lookahead_chunk=8)).speculator.lookahead
+    assert eight.chunk_rows == 64 and eight.tokens_per_call(1) == 8 and set(eight.max_streams.values()) == {4}
+    # a caller asking more streams of a size than it takes: split into calls it takes, or refused when direct
+    split: list[list[int]] = []
+    fake = [SimpleNamespace(slot=i, audio_done=0, mel=SimpleNamespace(window=lambda f: None, advance=lambda f: None))
+            for i in range(3)]
+    real_run, enc.run = enc.run, lambda n, w, slots, done, ahead=False: split.append([n, *slots])
+    enc.encode([(s, 16) for s in fake])
+    assert split == [[16, 0, 1], [16, 2]]
+    enc.run = real_run
+    with pytest.raises(ValueError, match="a look-ahead call of 32 tokens takes at most 1 streams"):
+        enc.run(32, [torch.zeros(1)] * 2, [0, 1], [0, 0])
     calls: list[tuple[int, int, int]] = []  # (tokens a stream, streams, rows asked of `linear`) of every call
     run = sp.lookahead.run
     conv = model.audio_tower.embedder
@@ -468,7 +483,7 @@ def test_look_ahead_calls_keep_their_rows_on_the_invariant_kernel(target):
         eng.finish_stream(sids[-1])
     drive(eng)
     assert all(isinstance(rec.done(s), StreamDone) for s in sids)
-    assert calls and all(n <= sp.tokens_per_call(b) for n, b, _ in calls), calls
+    assert calls and all(n <= enc.tokens_per_call(b) for n, b, _ in calls), calls
     assert any(n == 32 for n, b, _ in calls) and any(b == 3 for n, b, _ in calls), calls
     assert all(rows == (64 if n == 1 else 256) for n, _, rows in calls), calls
 

@@ -69,25 +69,33 @@ class LookaheadEncoder:
         # take cuBLAS, whose bits agree across row counts far more often than the kernel's and cuBLAS's do (batch
         # 16, bf16: 10 of 16 streams equal to plain decoding against 3 with 256 for every call; forty-fifth session)
         self.chunk_rows = max(runner.encoder_rows, min(MAX_INVARIANT_ROWS, self.mpt * self.max_chunk))
-        b, dev = runner.opts.max_batch, runner.device
-        width = runner.enc_cache.width
+        # a step's own need: calls of up to this many tokens take any number of streams
+        self.step_chunk = min(self.max_chunk, chunk_sizes(runner.opts.max_step_tokens)[0])
+        dev, width = runner.device, runner.enc_cache.width
+        # the most streams a call of n tokens takes (`tokens_per_call`): all of a step's for n <= step_chunk, else as
+        # many as keep its conv rows within chunk_rows (one stream at 32 tokens). Its buffers and graphs are sized
+        # to that: a server of hundreds of streams captures no 32-token graph for hundreds of them
+        self.max_streams = {n: runner.opts.max_batch if n <= self.step_chunk else
+                            max(1, min(runner.opts.max_batch, self.chunk_rows // (self.mpt * n))) for n in self.sizes}
         # sample windows of each call: filled on the host (pinned) and copied once per call
         need = {n: runner.mel.samples_needed(self.mpt * n) for n in self.sizes}
-        self.samples = {n: torch.zeros(b, need[n], device=dev, dtype=torch.float32) for n in self.sizes}
+        bs = self.max_streams
+        self.samples = {n: torch.zeros(bs[n], need[n], device=dev, dtype=torch.float32) for n in self.sizes}
         # CUDA: the windows go through pinned staging rows (a ring per chunk size, see `staging`)
         self._rings = {n: StagingRing(runner.fence) for n in self.sizes} if dev.type == "cuda" else {}
-        self._staging = {n: [torch.zeros(b, need[n], dtype=torch.float32, pin_memory=True)
+        self._staging = {n: [torch.zeros(bs[n], need[n], dtype=torch.float32, pin_memory=True)
                              for _ in range(ring.depth)] for n, ring in self._rings.items()}
         self._staging_np = {n: [t.numpy() for t in ts] for n, ts in self._staging.items()}
         # which stream (row of `tables`) each query frame belongs to, per chunk size (constant)
-        self.seq = {n: torch.arange(b, dtype=torch.int32, device=dev).repeat_interleave(fpt * n) for n in self.sizes}
+        self.seq = {n: torch.arange(bs[n], dtype=torch.int32, device=dev).repeat_interleave(fpt * n)
+                    for n in self.sizes}
         pad_row = runner.pad_slot * runner.cache_len
         self.meta = {n: StepMetadata({
-            "slots": Field((b,), torch.int64, runner.pad_slot),  # conv-state row (pad row for padding)
-            "pos": Field((b * fpt * n,), torch.int32, -1),  # encoder frame positions (-1: padding)
-            "slot_mapping": Field((b * fpt * n,), torch.int64, -1),
-            "tables": Field((b, width), torch.int32, 0),
-            "rows": Field((b * n,), torch.int64, pad_row),  # audio cache rows of the new embeddings
+            "slots": Field((bs[n],), torch.int64, runner.pad_slot),  # conv-state row (pad row for padding)
+            "pos": Field((bs[n] * fpt * n,), torch.int32, -1),  # encoder frame positions (-1: padding)
+            "slot_mapping": Field((bs[n] * fpt * n,), torch.int64, -1),
+            "tables": Field((bs[n], width), torch.int32, 0),
+            "rows": Field((bs[n] * n,), torch.int64, pad_row),  # audio cache rows of the new embeddings
         }, dev, runner.fence) for n in self.sizes}
         self.graphs: dict[int, DecodeGraphRunner] = {}
         if runner.opts.cuda_graphs and dev.type == "cuda":
@@ -100,10 +108,19 @@ class LookaheadEncoder:
                 capture = runner.enc_stream if runner.enc_green is not None else (
                     high_priority_stream(dev) if runner.favoured == "encoder" else torch.cuda.Stream(dev))
             for n in self.sizes:
-                g = DecodeGraphRunner(lambda bb, n=n: self._forward(n, bb), b, dev, capture)
+                g = DecodeGraphRunner(lambda bb, n=n: self._forward(n, bb), bs[n], dev, capture)
                 g.capture()
                 self.graphs[n] = g
             logger.info("captured look-ahead encoder graphs for chunks %s", self.sizes)
+
+    def tokens_per_call(self, streams: int) -> int:
+        """The most audio tokens a stream gets in a look-ahead call of `streams` streams: `max_chunk`, as far as the
+        call's conv-stem rows (mel frames) stay within `chunk_rows` on `linear`'s batch-invariant kernel, so that it
+        gives the bits of one-token calls; never below `step_chunk` (more streams than that keeps on the kernel take
+        cuBLAS as before 32-token calls). With 32-token chunks: one stream (batch 1, a chain's calls) 32 tokens, two
+        16, four or more 8."""
+        fit = chunk_sizes(max(1, self.chunk_rows // (self.mpt * max(1, streams))))[0]
+        return min(self.max_chunk, max(fit, self.step_chunk))
 
     def _forward(self, n: int, b: int) -> None:
         """Encode `n` tokens for the first `b` rows of the buffers (graph-capturable), the encoder's projections
@@ -144,6 +161,11 @@ class LookaheadEncoder:
             self._encode_group([s for s, count in work if count & n], n, ahead)
 
     def _encode_group(self, group: list[EngineStream], n: int, ahead: bool) -> None:
+        most = self.max_streams[n]
+        if len(group) > most:  # more streams than a call of n tokens takes (`tokens_per_call` keeps under it)
+            for i in range(0, len(group), most):
+                self._encode_group(group[i: i + most], n, ahead)
+            return
         if not group:
             return
         frames = self.mpt * n
@@ -166,6 +188,9 @@ class LookaheadEncoder:
     def _run(self, n: int, windows: Sequence[torch.Tensor], slots: list[int], audio_done: list[int]) -> None:
         r, fpt = self.runner, self.fpt
         b = len(slots)
+        if b > self.max_streams[n]:
+            raise ValueError(f"a look-ahead call of {n} tokens takes at most {self.max_streams[n]} streams (its rows "
+                             f"on the batch-invariant kernel), got {b}")
         h = self.meta[n].begin()
         cl = r.cache_len
         # every stream's rows at once (whole-array numpy: the host cost of a step with hundreds of

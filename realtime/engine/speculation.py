@@ -350,7 +350,6 @@ class Speculator:
         self._prefixes: dict[int, DrafterPrefix] = {}  # by delay
         self.lookahead = runner.encoder  # built by the runner with this speculation's chunk size
         self.chunk = self.lookahead.max_chunk
-        self.step_chunk = min(self.chunk, chunk_sizes(runner.opts.max_step_tokens)[0])
 
         b, h = opts.max_batch, lm.hidden_size
         r = self.max_rows = b * self.verify_rows
@@ -630,7 +629,7 @@ class Speculator:
     def _encode_ahead(self, wants: list[tuple[EngineStream, int, int]], ahead: bool = False) -> None:
         """For each (stream, anchor, want): more audio tokens if fewer than `want` are encoded, never past the audio
         received, the stream's last position, or position anchor + C (ring rows of positions above the anchor are
-        still to be read); at most `tokens_per_call` of them."""
+        still to be read); at most `LookaheadEncoder.tokens_per_call` of them."""
         work = []
         for s, anchor, want in wants:
             if s.audio_done >= want:
@@ -638,17 +637,8 @@ class Speculator:
             upper = min(s.audio_done + s.audio_tokens_ready(self.mpt), anchor + 1 + self.C, s.last_position() + 1)
             if upper > s.audio_done:
                 work.append((s, upper - s.audio_done))
-        most = self.tokens_per_call(len(work))
+        most = self.lookahead.tokens_per_call(len(work))
         self.lookahead.encode([(s, min(n, most)) for s, n in work], ahead)
-
-    def tokens_per_call(self, streams: int) -> int:
-        """The most audio tokens a stream gets in a look-ahead call of `streams` streams: `chunk`, as far as the
-        call's conv-stem rows (mel frames) stay on `linear`'s batch-invariant kernel (`LookaheadEncoder.chunk_rows`),
-        so that a look-ahead gives the bits of one-token calls; never below the largest power of two up to
-        max_step_tokens (a step's own need; more streams than that keeps on the kernel take cuBLAS as before
-        32-token calls). One stream (batch 1, a chain's calls): 32 tokens; four or more: 8."""
-        fit = chunk_sizes(max(1, self.lookahead.chunk_rows // (self.mpt * max(1, streams))))[0]
-        return min(self.chunk, max(fit, self.step_chunk))
 
     def _layout(self, streams: list[EngineStream]) -> tuple[_Plan, int, int]:
         """Draft lengths, and the step's rows written into the host staging of the metadata."""
