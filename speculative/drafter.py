@@ -35,9 +35,11 @@ from kernels.linear import linear
 from realtime.config import DecoderConfig, ModelConfig
 from realtime.loader import CheckpointError, describe_misfit
 from realtime.model import (
+    Attention,
     AttentionBackend,
     DecoderLayer,
     RMSNorm,
+    SwiGLU,
     delay_embedding,
     delay_inv_freq,
     rope_cos_sin,
@@ -136,6 +138,8 @@ class EagleModel(nn.Module):
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta)
         self.delay_inv_freq = delay_inv_freq(h)
         self._tied: _Tied | None = None
+        # [layers, delays, H]: 1 + ada(t_cond(d)) of every layer for every delay (`prepare_for_inference`)
+        self.ada_table: torch.Tensor | None = None
 
     # -- binding to the target -----------------------------------------------------------------
     def tie_to(self, target_embedding: torch.Tensor) -> EagleModel:
@@ -183,14 +187,45 @@ class EagleModel(nn.Module):
     def t_cond(self, delay_tokens: torch.Tensor) -> torch.Tensor:
         return delay_embedding(delay_tokens, self.delay_inv_freq, self.dtype)
 
+    @torch.no_grad()
+    def prepare_for_inference(self, max_delay_tokens: int = 30) -> None:
+        """What the target's `prepare_for_inference` does, for the drafter: fused q/k/v and gate/up projections
+        (one `linear` each instead of three cuBLAS calls and two, at batch 1 most of a drafter pass's kernels), and
+        the delay scales of every layer for every delay as one table (`ada_scales_for`: one gather instead of the
+        delay embedding and two small matmuls a layer). Idempotent; training keeps the separate leaves (the fused
+        paths run only without autograd)."""
+        for m in self.modules():
+            if isinstance(m, (Attention, SwiGLU)):
+                m.fuse()
+        delays = torch.arange(max_delay_tokens + 1, device=self.device)
+        t = self.t_cond(delays)
+        self.ada_table = torch.stack([1 + layer.ada_rms_norm(t) for layer in self.layers])
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]  (nn.Module's own signature)
+        """`.to()`, `.half()`, ...: a prepared drafter's fused matrices and delay table follow its weights (they are
+        plain attributes, which nn.Module would leave behind on the old device or dtype)."""
+        out = super()._apply(fn, recurse)
+        if self.ada_table is not None:
+            self.prepare_for_inference(self.ada_table.shape[1] - 1)
+        return out
+
+    def ada_scales_for(self, delay_tokens: torch.Tensor) -> torch.Tensor | None:
+        """[L, 1, T, H] delay scales for the delays [T] of a pass's rows (None without `prepare_for_inference`)."""
+        if self.ada_table is None:
+            return None
+        return self.ada_table.index_select(1, delay_tokens.reshape(-1))[:, None]
+
     def forward(self, inputs_embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                t_cond: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
-        """inputs_embeds, hidden: [B, T, H] (x_q and h_{q-1}); positions [B, T] -> g [B, T, H]."""
+                t_cond: torch.Tensor | None, backend: AttentionBackend,
+                ada_scales: torch.Tensor | None = None) -> torch.Tensor:
+        """inputs_embeds, hidden: [B, T, H] (x_q and h_{q-1}); positions [B, T] -> g [B, T, H]. The delay enters as
+        t_cond [B, T, H], or as the layers' scales from the table (`ada_scales_for`)."""
         x = linear(torch.cat([inputs_embeds, hidden], dim=-1), self.fc.weight)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
         residual = None  # the target's layer API: (branch output, residual stream), added in the next norm
         for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, cos, sin, 1 + layer.ada_rms_norm(t_cond), backend, i)
+            scale = ada_scales[i] if ada_scales is not None else 1 + layer.ada_rms_norm(t_cond)
+            x, residual = layer(x, residual, cos, sin, scale, backend, i)
         return self.norm(x, residual)[0]
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
@@ -297,7 +332,8 @@ def load_drafter_config(path: str | Path) -> tuple[str, DrafterConfig]:
 
 def load_drafter(path: str | Path, *, target_embedding: torch.Tensor | None = None,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> EagleModel:
-    """Strictly load a drafter; with `target_embedding`, check it fits the target and tie to it."""
+    """Strictly load a drafter, prepared for inference (`EagleModel.prepare_for_inference`); with
+    `target_embedding`, check it fits the target and tie to it."""
     from safetensors import safe_open
 
     d = Path(path)
@@ -323,6 +359,7 @@ def load_drafter(path: str | Path, *, target_embedding: torch.Tensor | None = No
         raise CheckpointError(f"drafter in {d} does not fit its config: {problems}")
     model.load_state_dict(tensors, strict=True)
     model = model.to(device=device, dtype=dtype).eval()
+    model.prepare_for_inference()  # fused projections and the delay table (engines run it; training copies it)
     if target_embedding is not None:
         model.tie_to(target_embedding)
     logger.info("loaded %s drafter (%d layer(s), window %s) from %s", arch, cfg.num_layers, cfg.sliding_window, d)

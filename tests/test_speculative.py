@@ -850,8 +850,8 @@ class PassRecorder:
         self._last = (input_ids.clone(), None if multimodal_embeddings is None else multimodal_embeddings.clone())
         return super().embed_input_ids(input_ids, multimodal_embeddings, is_multimodal=is_multimodal)
 
-    def forward(self, inputs_embeds, hidden, positions, t_cond, backend):
-        out = super().forward(inputs_embeds, hidden, positions, t_cond, backend)
+    def forward(self, inputs_embeds, hidden, positions, t_cond, backend, ada_scales=None):
+        out = super().forward(inputs_embeds, hidden, positions, t_cond, backend, ada_scales)
         self.passes.append(DrafterPass(self.second, *self._last, hidden[0].clone(), positions[0].clone(),
                                        out[0].clone()))
         return out
@@ -1028,6 +1028,42 @@ def test_two_pass_rows_read_the_first_draft_and_their_own_audio(target, monkeypa
 # ---------------------------------------------------------------------------------------------
 # Drafter checkpoint format
 # ---------------------------------------------------------------------------------------------
+def test_a_loaded_drafter_is_prepared_for_inference_and_computes_what_it_did(target, tmp_path):
+    """`load_drafter` fuses the drafter's q/k/v and gate/up projections and tabulates its delay scales (what the
+    target's loader does for the target): a pass then reads the table instead of running the delay embedding and
+    two matmuls a layer, with the outputs of the unprepared drafter; the fused matrices and the table follow a
+    `.to()`; a prepared drafter (its q/k/v and gate/up weights views of one matrix each) saves and loads back the
+    same."""
+    from realtime.attention import DenseAttention
+
+    model, _ = target
+    emb = model.language_model.embed_tokens.weight
+    d = ParallelEagleDrafter(DrafterConfig.for_target(model.config, num_layers=2, sliding_window=64))
+    with torch.no_grad():
+        for p in d.parameters():
+            p.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
+    d.tie_to(emb)
+    save_drafter(d, tmp_path / "a")
+    back = load_drafter(tmp_path / "a", target_embedding=emb)
+    h = d.config.hidden_size
+    assert d.ada_table is None and back.ada_table is not None and back.ada_table.shape == (2, 31, h)
+    assert all(layer.self_attn._qkv is not None and layer.mlp._gate_up is not None for layer in back.layers)
+    g = torch.Generator().manual_seed(3)
+    x, hid = torch.randn(1, 9, h, generator=g), torch.randn(1, 9, h, generator=g)
+    pos = torch.arange(9)[None]
+    delays = torch.tensor([0, 6, 6, 30, 1, 2, 6, 12, 6])
+    with torch.no_grad():
+        want = d(x, hid, pos, d.t_cond(delays)[None], DenseAttention(pos, 64))
+        got = back(x, hid, pos, None, DenseAttention(pos, 64), back.ada_scales_for(delays))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    half = copy.deepcopy(back).to(torch.float64)
+    assert half.ada_table.dtype == half.layers[0].self_attn._qkv[0].dtype == torch.float64
+    save_drafter(back, tmp_path / "b")
+    again = load_drafter(tmp_path / "b", target_embedding=emb)
+    for (k1, v1), (k2, v2) in zip(d.state_dict().items(), again.state_dict().items()):
+        assert k1 == k2 and torch.equal(v1, v2)
+
+
 def test_drafter_checkpoint_roundtrip_and_strictness(target, tmp_path):
     import json
 

@@ -425,6 +425,12 @@ class Speculator:
     def _gather_audio(self, rows: torch.Tensor) -> torch.Tensor:
         return self.runner.audio_cache.index_select(0, rows)
 
+    def _delay(self, delays: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The drafter's delay input for a pass's rows: (None, the layers' scales from its table) when the drafter
+        was prepared for inference (`EagleModel.prepare_for_inference`, as `load_drafter` does), else (t_cond, None)."""
+        ada = self.drafter.ada_scales_for(delays)
+        return (None, ada) if ada is not None else (self.drafter.t_cond(delays)[None], None)
+
     def _catchup_forward(self, t: int) -> None:
         d, m = self.drafter, self.m
         mm = self._gather_audio(m["c_aud"][:t]) if self.drafter_audio else None
@@ -432,7 +438,8 @@ class Speculator:
         hid = self.stash.index_select(0, m["c_hid"][:t])
         pos = m["c_pos"][:t]
         backend = PagedAttention(self.d_cache, m["c_slot_mapping"][:t], m["d_tables"], m["c_seq"][:t], pos)
-        g = d(x[None], hid[None], pos[None], d.t_cond(m["c_dly"][:t])[None], backend)
+        t_cond, ada = self._delay(m["c_dly"][:t])
+        g = d(x[None], hid[None], pos[None], t_cond, backend, ada)
         self.g_c[:t] = g[0]
 
     def _chain_forward(self, s: int) -> None:
@@ -450,14 +457,14 @@ class Speculator:
         if self.two_pass:
             self._second_pass(s, g)
             return
-        t_cond = d.t_cond(m["dr_dly"][:s])[None]
+        delay = self._delay(m["dr_dly"][:s])
         for j in range(1, self.k):
             pos = m["dr_pos"][j - 1, :s]
             mm = self._gather_audio(m["dr_aud"][j - 1, :s]) if self.drafter_audio else None
             x = d.embed_input_ids(self.drafts[:s, j - 1], mm)  # the audio of position p+j itself
             backend = PagedAttention(self.d_cache, m["dr_slot_mapping"][j - 1, :s], m["d_tables"], self.dr_seq[:s],
                                      pos)
-            g = d(x[None], g[None], pos[None], t_cond, backend)[0]
+            g = d(x[None], g[None], pos[None], delay[0], backend, delay[1])[0]
             self.drafts[:s, j] = d.logits(g).argmax(-1)
 
     def _second_pass(self, s: int, g_first: torch.Tensor) -> None:
@@ -475,7 +482,8 @@ class Speculator:
         hid = torch.where(first[:, None], g_first.repeat(kc, 1), 0.0)
         backend = PagedAttention(self.d_cache, m["dr_slot_mapping"][:, :s].reshape(n), m["d_tables"],
                                  self.dr_seq[:s].repeat(kc), pos)
-        g2 = d(x[None], hid[None], pos[None], d.t_cond(m["dr_dly"][:s].repeat(kc))[None], backend)[0]
+        t_cond, ada = self._delay(m["dr_dly"][:s].repeat(kc))
+        g2 = d(x[None], hid[None], pos[None], t_cond, backend, ada)[0]
         self.drafts[:s, 1:] = d.logits(g2).argmax(-1).view(kc, s).T
 
     def _verify_inputs(self, t: int) -> None:
@@ -571,9 +579,9 @@ class Speculator:
             ids = torch.tensor(self.runner.cfg.prompt_ids(delay_tokens)[:n], device=dev)
             x = d.embed_input_ids(ids, target.audio if self.drafter_audio else None)
             prev_hidden = torch.cat([torch.zeros_like(target.hidden[:1]), target.hidden[:-1]])
-            t_cond = d.t_cond(torch.tensor([delay_tokens], device=dev))[:, None, :]
+            t_cond, ada = self._delay(torch.full((n,), delay_tokens, device=dev))  # as a step's rows take it
             rec = RecordingAttention(pos, d.config.sliding_window, d.config.num_layers)
-            d(x[None], prev_hidden[None], pos[None], t_cond, rec)
+            d(x[None], prev_hidden[None], pos[None], t_cond, rec, ada)
             p = DrafterPrefix(n, rec.k, rec.v, target.hidden[-1])
         self._prefixes[delay_tokens] = p
         return p
