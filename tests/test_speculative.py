@@ -168,11 +168,12 @@ def scaled_target(model, alpha: float):
     return m
 
 
-def run_scenario(model, tok, drafter, clips, schedules, *, k=4, opts=None, delays=None):
+def run_scenario(model, tok, drafter, clips, schedules, *, k=4, opts=None, delays=None, lookahead_chunk=None):
     """Streams fed by `schedules[i]`: a list of sample counts pushed per engine step (then finish);
     every stream's tokens must be the single-stream session's."""
     delays = delays or [None] * len(clips)
-    eng, tokens = run_streams(model, tok, drafter, clips, schedules, k=k, opts=opts, delays=delays)
+    eng, tokens = run_streams(model, tok, drafter, clips, schedules, k=k, opts=opts, delays=delays,
+                              lookahead_chunk=lookahead_chunk)
     for i, got in enumerate(tokens):
         assert got == reference(model, tok, clips[i], delays[i]), f"stream {i}"
     return eng, eng.stats()
@@ -342,15 +343,18 @@ def test_lossless_per_mode(target, drafter_kind, mode):
     assert_partial_acceptance(st)
 
 
-def test_live_catchup_flush_and_whole_streams_together(target, drafter_kind):
+@pytest.mark.parametrize("chunk", [None, 32])
+def test_live_catchup_flush_and_whole_streams_together(target, drafter_kind, chunk):
     """One engine, four streams with different delays in mixed batches: live, catch-up, flush and
-    one pushed whole; once closed, every KV ring is back in the pool."""
+    one pushed whole; once closed, every KV ring is back in the pool. Also with look-ahead calls of up to 32
+    tokens (CUDA's default: 32 for a stream alone in a call, 16 for two, 8 for more)."""
     model, tok = target
     rng = np.random.default_rng(0)
     clips = [SEEN[0], UNSEEN[0], SEEN[2], UNSEEN[2]]
     schedules = [SCHEDULES["live"](clips[0], rng), SCHEDULES["catch-up"](clips[1], rng),
                  SCHEDULES["flush"](clips[2], rng), [clips[3].size]]
-    eng, st = run_scenario(model, tok, drafter_kind, clips, schedules, delays=[480, 160, 480, 1200])
+    eng, st = run_scenario(model, tok, drafter_kind, clips, schedules, delays=[480, 160, 480, 1200],
+                           lookahead_chunk=chunk)
     assert_partial_acceptance(st)
     pool = eng.runner.lm_cache.pool  # closed: every ring returned (a tree's scratch blocks stay with the engine)
     assert pool.free == pool.num_blocks - eng.opts.lm_scratch_blocks
@@ -488,12 +492,14 @@ def test_look_ahead_calls_keep_their_rows_on_the_invariant_kernel(target):
     assert all(rows == (64 if n == 1 else 256) for n, _, rows in calls), calls
 
 
-def test_max_session_length_with_speculation(target, drafter_kind):
+@pytest.mark.parametrize("chunk", [None, 32])
+def test_max_session_length_with_speculation(target, drafter_kind, chunk):
     """A stream cut at the engine's maximum session length: drafts (a tree's nodes too) never run past
-    the last position it may decode (the KV rings are sized to it), and the kept tokens are the oracle's."""
+    the last position it may decode (the KV rings are sized to it), and the kept tokens are the oracle's; also
+    with look-ahead calls of up to 32 tokens (CUDA's default), which reach the end in fewer, larger calls."""
     model, tok = target
     opts = RunnerOptions(max_streams=2, max_batch=2, max_session_seconds=1.0, cuda_graphs=False)
-    eng = BatchedEngine(model, tok, opts=opts, speculative=spec_config(drafter_kind, 4))
+    eng = BatchedEngine(model, tok, opts=opts, speculative=spec_config(drafter_kind, 4, lookahead_chunk=chunk))
     rec = Recorder()
     long_sid, short_sid = eng.open_stream(rec), eng.open_stream(rec)
     long_clip = np.concatenate([SEEN[0], SEEN[1], SEEN[2]])  # 9 s: more than max_tokens can hold

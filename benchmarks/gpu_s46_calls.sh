@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Prepared in the forty-fifth session for the next one (issue 5, one GPU); every log and result is packed into
+# OUT/all.tgz. carry [".whl_gpu", ".bench_audio"] (docs/ moved out):
+#   bash benchmarks/gpu_s46_calls.sh OUT 1
+#     the code landed after the forty-fifth session's last device call: the drafter prepared for inference by
+#     load_drafter (fused projections, delay table) and the look-ahead encoder's per-size stream limits. The
+#     speculative and encoder-chunk GPU tests; round_anatomy.py (the drafter's catch-up was 92 us of a 222 us
+#     round); batch 1 with host rounds and the end-of-stream flush (3 repeats), batches 16 and 64
+set -u
+out=${1:?out dir}; call=${2:?call}
+mkdir -p "$out/r"
+source benchmarks/gpu_setup.sh "$out/r"  # the wheels, the GPU's name; gpu_tests, spec_run, pack
+case "$call" in
+  1)
+    timeout 150 python3 benchmarks/bench_speculative.py --target models/default --drafter models/default_drafter \
+      --audio .bench_audio/* --clip-seconds 45 --k 6 --dtype bf16 --batches 1 --repeats 3 --compare-host-rounds \
+      --out "$GPU_DIR/b1.json" > "$GPU_DIR/b1.log" 2>&1
+    echo "b1 rc=$?"; grep -E "offline batch|rounds through|flush batch|Error" "$GPU_DIR/b1.log" | cut -c1-250
+    timeout 90 python3 benchmarks/round_anatomy.py --target models/default --drafter models/default_drafter \
+      --audio .bench_audio/* --out "$GPU_DIR/anatomy.json" > "$GPU_DIR/anatomy.log" 2>&1
+    echo "anatomy rc=$?"; grep -E "round_anatomy mean|Error" "$GPU_DIR/anatomy.log" | cut -c1-900
+    spec_run b16_64 120 ".bench_audio/*" --batches 16 64 --repeats 1 --clip-seconds 20
+    grep -E "offline batch" "$GPU_DIR/b16_64.log" | cut -c1-250
+    gpu_tests gpu_tests 170 tests/test_engine.py tests/test_speculative.py \
+      -k "encoder_chunks_give or chained_rounds_with or graphs_equal_eager"
+    ;;
+esac
+pack "$out" && rm -rf "$out/r"
