@@ -80,11 +80,10 @@ class RunnerOptions:
     # cuBLAS). None: 64 (`kernels.linear.INVARIANT_ROWS`) when the runner encodes look-ahead chunks
     # (encoder_chunk > 1: speculation, whose 8-token chunks must give the bits of 8 one-token steps; its calls of
     # more than one token take up to their conv stem's rows at the largest chunk, `LookaheadEncoder.chunk_rows`),
-    # else 16: at
-    # 5-16 streams a plain step is faster with cuBLAS for the rest (full-size model, H200, twenty-ninth session:
-    # 16 streams 4.98 against 5.80 ms). A row's bits are the same either way where its call takes the kernel
-    # (up to 16 rows: a plain step of up to 4 streams, 2 in the conv stem). STREAMSCRIBE_ENCODER_ROWS sets it where
-    # it is None (A/B runs)
+    # else 16: at 5-16 streams a plain step is faster with cuBLAS for the rest (full-size model, H200, twenty-ninth
+    # session: 16 streams 4.98 against 5.80 ms). A row's bits are the same either way where its call takes the
+    # kernel (up to 16 rows: a plain step of up to 4 streams, 2 in the conv stem). STREAMSCRIBE_ENCODER_ROWS sets it
+    # where it is None (A/B runs)
     encoder_rows: int | None = None
 
 
