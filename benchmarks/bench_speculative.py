@@ -210,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-host-rounds", action="store_true",
                     help="at batch 1 also time speculation with chained_rounds=0, interleaved with the other two "
                          "modes (the chain's gain over the host path, in the same run)")
+    ap.add_argument("--compare-plain-chunk", type=int, default=0,
+                    help="also time plain decoding whose steps encode buffered audio up to N tokens a call "
+                         "(RunnerOptions.encoder_chunk, no drafter), interleaved with the other modes")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
@@ -243,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
         offline(model, tok, short, opts, spec)
         bases, specs, identical, identical_default, per_file = [], [], 0, 0, []
         host_runs, host_identical = [], 0
+        chunked = (dataclasses.replace(opts, encoder_chunk=args.compare_plain_chunk) if args.compare_plain_chunk
+                   else None)
+        chunked_runs, chunked_identical = [], 0
+        if chunked is not None:  # its first use of the larger encoder calls, untimed
+            offline(model, tok, short, chunked, None)
         for clips in groups:
             # --repeats: alternate the two modes (drift of the host hits both) and keep each one's median
             # run; a batch-1 run lasts about a second, and repeats of one were seen to differ by up to 38%
@@ -251,12 +259,17 @@ def main(argv: list[str] | None = None) -> int:
                 offline(model, tok, short, opts, host_rounds)
             pairs = [(offline(model, tok, clips, opts, None), offline(model, tok, clips, opts, spec))
                      + ((offline(model, tok, clips, opts, host_rounds),) if compare else ())
+                     + ((offline(model, tok, clips, chunked, None),) if chunked is not None else ())
                      for _ in range(args.repeats)]
             (base, base_tokens), (with_spec, spec_tokens) = (median_run([p[i] for p in pairs]) for i in (0, 1))
             if compare:
                 host_run, host_tokens = median_run([p[2] for p in pairs])
                 host_runs.append(host_run)
                 host_identical += sum(a == b_ for a, b_ in zip(host_tokens, spec_tokens))
+            if chunked is not None:
+                chunked_run, chunked_tokens = median_run([p[-1] for p in pairs])
+                chunked_runs.append(chunked_run)
+                chunked_identical += sum(a == b_ for a, b_ in zip(chunked_tokens, base_tokens))
             bases.append(base)
             specs.append(with_spec)
             # lossless means: the tokens of the same engine without a drafter. Speculation runs without the
@@ -288,6 +301,15 @@ def main(argv: list[str] | None = None) -> int:
             log.info("batch 1, rounds through the host: speed-up %.2f, mean length %.2f; chained: %.2f, %.2f",
                      row["speedup_host_rounds"], host["mean_acceptance_length"], row["speedup"],
                      with_spec["mean_acceptance_length"])
+        if chunked_runs:
+            plain_chunked = pooled(chunked_runs)
+            row["plain_chunked"] = {"encoder_chunk": args.compare_plain_chunk, **plain_chunked,
+                                    "identical_to_plain": chunked_identical}
+            row["speedup_over_plain_chunked"] = plain_chunked["wall_seconds"] / with_spec["wall_seconds"]
+            log.info("batch %d, plain with %d-token encoder calls: %.1fx real time (%.2fx plain), identical to plain "
+                     "%d/%d; speculation against it: %.2fx", b, args.compare_plain_chunk, plain_chunked["x_real_time"],
+                     base["wall_seconds"] / plain_chunked["wall_seconds"], chunked_identical,
+                     sum(len(g) for g in groups), row["speedup_over_plain_chunked"])
         if b == 1 and args.audio:
             row["per_file"] = {Path(f).name: r for f, r in zip(args.audio, per_file)}
             for f, r in row["per_file"].items():

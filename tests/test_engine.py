@@ -96,6 +96,37 @@ def test_sixteen_streams_join_and_leave(tiny_ckpt, small_windows):
     run_join_leave_scenario(model, load_tokenizer(path), RunnerOptions(max_streams=12, max_batch=8, block_size=4))
 
 
+@pytest.mark.parametrize("small_windows", [False, True])
+def test_plain_look_ahead_chunks_keep_every_streams_tokens(tiny_ckpt, small_windows):
+    """A plain engine (no drafter) with `encoder_chunk=32` encodes a stream's buffered audio up to 32 tokens a call
+    ahead of the LM (16 for two streams in a call, 8 for more): the sixteen-stream join/leave scenario keeps every
+    stream's tokens; its audio ring holds a chunk beyond the position a step reads, and capacity planning counts
+    it. A file pushed whole is encoded in 32-token calls."""
+    from realtime.engine.engine import bytes_per_stream, plain_options_for
+
+    path = tiny_ckpt(seed=1, small_windows=small_windows)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    opts = RunnerOptions(max_streams=12, max_batch=8, block_size=4, encoder_chunk=32)
+    assert plain_options_for(opts).encoder_cache_tokens == 33
+    assert plain_options_for(RunnerOptions()) == RunnerOptions()  # one-token steps: as before
+    run_join_leave_scenario(model, tok, opts)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=1, max_batch=1, encoder_chunk=32))
+    assert eng.runner.cache_len >= 33 and eng.bytes_per_stream == bytes_per_stream(model, eng.opts)
+    assert bytes_per_stream(model, RunnerOptions(max_streams=1, max_batch=1, encoder_chunk=32)) == eng.bytes_per_stream
+    calls: list[int] = []
+    run = eng.runner.encoder.run
+    eng.runner.encoder.run = lambda n, *a, **k: (calls.append(n), run(n, *a, **k))[1]
+    rec = Recorder()
+    clip = synthetic_audio(5.0, seed=77)
+    sid = eng.open_stream(rec)
+    eng.push_audio(sid, clip)
+    eng.finish_stream(sid)
+    drive(eng)
+    assert rec.tokens(sid) == transcribe(model, tok, clip).token_ids
+    assert calls.count(32) >= 1 and max(calls) == 32, calls
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("cuda_graphs", "encoder_stream"), [(True, True), (False, True), (True, False), (True, 8),
                                                              (False, 8)])

@@ -20,7 +20,7 @@ import gc
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -54,10 +54,18 @@ def bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions, speculative: S
     speculation the drafter's KV ring, a tree's scratch blocks and the stash rows. What capacity planning
     divides free memory by; the per-row step buffers (a few tens of KiB per stream) are not counted."""
     if speculative is None:
-        return slot_bytes(model, opts)
+        return slot_bytes(model, plain_options_for(opts))
     speculative = speculative.on(model.device)
     opts = runner_options_for(opts, speculative)
     return slot_bytes(model, opts) + speculation_bytes_per_stream(model, opts, speculative)
+
+
+def plain_options_for(opts: RunnerOptions) -> RunnerOptions:
+    """The runner options of an engine without speculation. With `encoder_chunk` > 1 its steps encode a stream's
+    buffered audio (a file, an upload, a backlog) up to that many tokens a call ahead of the LM (`_encode_plain`):
+    the audio ring then holds a chunk beyond the position a step reads."""
+    need = opts.encoder_chunk + 1
+    return opts if opts.encoder_cache_tokens >= need else replace(opts, encoder_cache_tokens=need)
 
 
 @dataclass
@@ -80,6 +88,8 @@ class BatchedEngine:
         if speculative is not None:  # off by default; it needs a deeper audio cache ring
             speculative = speculative.on(model.device)
             self.opts = runner_options_for(self.opts, speculative)
+        else:
+            self.opts = plain_options_for(self.opts)
         self.runner = ModelRunner(model, self.opts)
         self.speculator = Speculator(self.runner, speculative) if speculative is not None else None
         # a step's output: the runner's next ids, or the speculator's verify argmaxes and inputs
@@ -351,7 +361,7 @@ class BatchedEngine:
         else:
             need_audio = [s for s in streams if s.audio_done <= s.lm_pos]
             if need_audio:
-                self.runner.encode_step(need_audio)
+                self._encode_plain(need_audio, mpt, ahead=False)
             ids = self.runner.decode_step(streams)
         # the one device -> host transfer of the step, queued now: the host later waits for it alone
         queued = self.runner.fence.mark()
@@ -368,10 +378,26 @@ class BatchedEngine:
                 ahead = [s for s in streams if s.audio_done == s.lm_pos + 1 <= s.last_position()
                          and s.audio_tokens_ready(mpt)]
                 if ahead:
-                    self.runner.encode_step(ahead, ahead=True)
+                    self._encode_plain(ahead, mpt, ahead=True)
         host = self._token_copy.wait()
         self.runner.fence.passed(queued)  # the staging copies queued before the tokens have run
         return host
+
+    def _encode_plain(self, streams: list[EngineStream], mpt: int, ahead: bool) -> None:
+        """A plain step's audio: one token a stream, or with `encoder_chunk` > 1 as much of each stream's buffered
+        audio as one look-ahead call takes (`LookaheadEncoder.tokens_per_call`, bit-exact against one-token calls),
+        into ring rows of positions below lm_pos + C (the step reads the row of lm_pos; an ahead call starts
+        above it). At batch 1 a call of 32 tokens costs the device about what a call of one does (issue 5)."""
+        if self.opts.encoder_chunk == 1:
+            self.runner.encode_step(streams, ahead=ahead)
+            return
+        most, ring = self.runner.encoder.tokens_per_call(len(streams)), self.runner.cache_len
+        work = []
+        for s in streams:
+            n = min(most, s.lm_pos + ring - s.audio_done, s.audio_tokens_ready(mpt),
+                    s.last_position() + 1 - s.audio_done)
+            work.append((s, max(1, int(n))))
+        self.runner.encoder.encode(work, ahead)
 
     def _emit_token(self, s: EngineStream, tok: int) -> None:
         c = self.config

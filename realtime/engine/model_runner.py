@@ -43,7 +43,10 @@ class RunnerOptions:
     cuda_graphs: bool = True
     encoder_cache_tokens: int = 8  # audio embeddings kept per stream ahead of the LM
     max_step_tokens: int = 8  # most LM positions one stream runs in a step (speculative verify: k + 1)
-    encoder_chunk: int = 1  # most audio tokens per stream per encoder call (speculation raises it)
+    # most audio tokens per stream per encoder call (speculation raises it). Above 1 in an engine without a drafter,
+    # its steps encode a stream's buffered audio (files, uploads, backlogs) that many tokens a call ahead of the LM
+    # (`BatchedEngine._encode_plain`); live audio still comes one token a step
+    encoder_chunk: int = 1
     lm_scratch_blocks: int = 0  # LM cache blocks outside every ring (tree verification's scratch)
     # encode the next step's audio (where it has arrived) right after launching this step, so that the
     # encoder's host work overlaps the device. Off: the encoder runs only for what a step needs, as
