@@ -5,7 +5,9 @@
 #     the code landed after the forty-fifth session's last device call: the drafter prepared for inference by
 #     load_drafter (fused projections, delay table) and the look-ahead encoder's per-size stream limits. The
 #     speculative and encoder-chunk GPU tests; round_anatomy.py (the drafter's catch-up was 92 us of a 222 us
-#     round); batch 1 with host rounds and the end-of-stream flush (3 repeats), batches 16 and 64
+#     round); batch 1 with host rounds, plain decoding with 32-token encoder calls (RunnerOptions.encoder_chunk,
+#     no drafter: what most of speculation's batch-1 gain comes from, on the anatomy's figures) and the
+#     end-of-stream flush (3 repeats); batches 16 and 64 (with that plain engine too)
 set -u
 out=${1:?out dir}; call=${2:?call}
 mkdir -p "$out/r"
@@ -14,15 +16,15 @@ case "$call" in
   1)
     timeout 150 python3 benchmarks/bench_speculative.py --target models/default --drafter models/default_drafter \
       --audio .bench_audio/* --clip-seconds 45 --k 6 --dtype bf16 --batches 1 --repeats 3 --compare-host-rounds \
-      --out "$GPU_DIR/b1.json" > "$GPU_DIR/b1.log" 2>&1
-    echo "b1 rc=$?"; grep -E "offline batch|rounds through|flush batch|Error" "$GPU_DIR/b1.log" | cut -c1-250
+      --compare-plain-chunk 32 --out "$GPU_DIR/b1.json" > "$GPU_DIR/b1.log" 2>&1
+    echo "b1 rc=$?"; grep -E "offline batch|rounds through|plain with|flush batch|Error" "$GPU_DIR/b1.log" | cut -c1-250
     timeout 90 python3 benchmarks/round_anatomy.py --target models/default --drafter models/default_drafter \
       --audio .bench_audio/* --out "$GPU_DIR/anatomy.json" > "$GPU_DIR/anatomy.log" 2>&1
     echo "anatomy rc=$?"; grep -E "round_anatomy mean|Error" "$GPU_DIR/anatomy.log" | cut -c1-900
-    spec_run b16_64 120 ".bench_audio/*" --batches 16 64 --repeats 1 --clip-seconds 20
-    grep -E "offline batch" "$GPU_DIR/b16_64.log" | cut -c1-250
+    spec_run b16_64 120 ".bench_audio/*" --batches 16 64 --repeats 1 --clip-seconds 20 --compare-plain-chunk 32
+    grep -E "offline batch|plain with" "$GPU_DIR/b16_64.log" | cut -c1-250
     gpu_tests gpu_tests 170 tests/test_engine.py tests/test_speculative.py \
-      -k "encoder_chunks_give or chained_rounds_with or graphs_equal_eager"
+      -k "encoder_chunks_give or chained_rounds_with or graphs_equal_eager or plain_look_ahead"
     ;;
 esac
 pack "$out" && rm -rf "$out/r"

@@ -128,6 +128,22 @@ def test_plain_look_ahead_chunks_keep_every_streams_tokens(tiny_ckpt, small_wind
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_gpu_plain_look_ahead_chunks_keep_every_streams_tokens(tiny_ckpt, cuda_graphs):
+    """The plain 32-token look-ahead on CUDA (fp32), graphs and eager, the encoder on its own stream: its ahead
+    calls write ring rows beside the LM step that reads another; every stream keeps its tokens."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    path = tiny_ckpt(seed=1, small_windows=True)
+    model, _ = load_model(path, device="cuda")
+    run_join_leave_scenario(model, load_tokenizer(path),
+                            RunnerOptions(max_streams=12, max_batch=8, block_size=16, cuda_graphs=cuda_graphs,
+                                          encoder_chunk=32))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("cuda_graphs", "encoder_stream"), [(True, True), (False, True), (True, False), (True, 8),
                                                              (False, 8)])
 @pytest.mark.parametrize("small_windows", [False, True])
