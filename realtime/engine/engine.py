@@ -361,7 +361,7 @@ class BatchedEngine:
         else:
             need_audio = [s for s in streams if s.audio_done <= s.lm_pos]
             if need_audio:
-                self._encode_plain(need_audio, mpt, ahead=False)
+                self._encode_plain(need_audio, ahead=False)
             ids = self.runner.decode_step(streams)
         # the one device -> host transfer of the step, queued now: the host later waits for it alone
         queued = self.runner.fence.mark()
@@ -378,26 +378,21 @@ class BatchedEngine:
                 ahead = [s for s in streams if s.audio_done == s.lm_pos + 1 <= s.last_position()
                          and s.audio_tokens_ready(mpt)]
                 if ahead:
-                    self._encode_plain(ahead, mpt, ahead=True)
+                    self._encode_plain(ahead, ahead=True)
         host = self._token_copy.wait()
         self.runner.fence.passed(queued)  # the staging copies queued before the tokens have run
         return host
 
-    def _encode_plain(self, streams: list[EngineStream], mpt: int, ahead: bool) -> None:
+    def _encode_plain(self, streams: list[EngineStream], ahead: bool) -> None:
         """A plain step's audio: one token a stream, or with `encoder_chunk` > 1 as much of each stream's buffered
-        audio as one look-ahead call takes (`LookaheadEncoder.tokens_per_call`, bit-exact against one-token calls),
-        into ring rows of positions below lm_pos + C (the step reads the row of lm_pos; an ahead call starts
-        above it). At batch 1 a call of 32 tokens costs the device about what a call of one does (issue 5)."""
+        audio as one look-ahead call takes (`LookaheadEncoder.encode_buffered`, bit-exact against one-token calls),
+        into ring rows of positions below lm_pos + C (anchor lm_pos - 1: the step reads the row of lm_pos; an ahead
+        call starts above it). At batch 1 a call of 32 tokens costs the device about what a call of one does
+        (issue 5)."""
         if self.opts.encoder_chunk == 1:
             self.runner.encode_step(streams, ahead=ahead)
-            return
-        most, ring = self.runner.encoder.tokens_per_call(len(streams)), self.runner.cache_len
-        work = []
-        for s in streams:
-            n = min(most, s.lm_pos + ring - s.audio_done, s.audio_tokens_ready(mpt),
-                    s.last_position() + 1 - s.audio_done)
-            work.append((s, max(1, int(n))))
-        self.runner.encoder.encode(work, ahead)
+        else:
+            self.runner.encoder.encode_buffered([(s, s.lm_pos - 1) for s in streams], ahead)
 
     def _emit_token(self, s: EngineStream, tok: int) -> None:
         c = self.config

@@ -122,6 +122,19 @@ class LookaheadEncoder:
         fit = chunk_sizes(max(1, self.chunk_rows // (self.mpt * max(1, streams))))[0]
         return min(self.max_chunk, max(fit, self.step_chunk))
 
+    @torch.no_grad()
+    def encode_buffered(self, work: list[tuple[EngineStream, int]], ahead: bool = False) -> None:
+        """For each (stream, anchor): as much of its buffered audio as one call gives a stream
+        (`tokens_per_call`), never past the audio received, the stream's last position, or position anchor + C
+        (ring rows of positions above the anchor are still to be read). Streams with none are left out."""
+        most, ring = self.tokens_per_call(len(work)), self.runner.cache_len
+        counts = []
+        for s, anchor in work:
+            upper = min(s.audio_done + s.audio_tokens_ready(self.mpt), anchor + 1 + ring, s.last_position() + 1)
+            if upper > s.audio_done:
+                counts.append((s, int(min(upper - s.audio_done, most))))
+        self.encode(counts, ahead)
+
     def _forward(self, n: int, b: int) -> None:
         """Encode `n` tokens for the first `b` rows of the buffers (graph-capturable), the encoder's projections
         sending up to the runner's `encoder_rows` rows (`chunk_rows` for several tokens) to the batch-invariant

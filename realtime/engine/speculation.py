@@ -635,18 +635,10 @@ class Speculator:
                            ahead=True)
 
     def _encode_ahead(self, wants: list[tuple[EngineStream, int, int]], ahead: bool = False) -> None:
-        """For each (stream, anchor, want): more audio tokens if fewer than `want` are encoded, never past the audio
-        received, the stream's last position, or position anchor + C (ring rows of positions above the anchor are
-        still to be read); at most `LookaheadEncoder.tokens_per_call` of them."""
-        work = []
-        for s, anchor, want in wants:
-            if s.audio_done >= want:
-                continue
-            upper = min(s.audio_done + s.audio_tokens_ready(self.mpt), anchor + 1 + self.C, s.last_position() + 1)
-            if upper > s.audio_done:
-                work.append((s, upper - s.audio_done))
-        most = self.lookahead.tokens_per_call(len(work))
-        self.lookahead.encode([(s, min(n, most)) for s, n in work], ahead)
+        """For each (stream, anchor, want): more audio tokens if fewer than `want` are encoded
+        (`LookaheadEncoder.encode_buffered`: never past the audio received, the stream's last position, or
+        position anchor + C)."""
+        self.lookahead.encode_buffered([(s, anchor) for s, anchor, want in wants if s.audio_done < want], ahead)
 
     def _layout(self, streams: list[EngineStream]) -> tuple[_Plan, int, int]:
         """Draft lengths, and the step's rows written into the host staging of the metadata."""
