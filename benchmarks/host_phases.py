@@ -118,16 +118,30 @@ def run_mode(model, tok, clip, mode: str, drafter, k: int, graphs: bool) -> dict
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_target_and_drafter_args(ap: argparse.ArgumentParser) -> None:
+    """--target, --drafter, --audio and --k: what the batch-1 speculation profilers (this one, round_anatomy.py)
+    take."""
     ap.add_argument("--target", required=True)
     ap.add_argument("--drafter", required=True)
     ap.add_argument("--audio", nargs="+", required=True)
+    ap.add_argument("--k", type=int, default=6)
+
+
+def load_target_and_drafter(args: argparse.Namespace, device: str, dtype: torch.dtype) -> tuple:
+    """(model, tokenizer, drafter tied to the model's embedding) from --target and --drafter."""
+    model, tok = load_model_and_tokenizer(args.target, device=device, dtype=dtype)
+    drafter = load_drafter(args.drafter, target_embedding=model.language_model.embed_tokens.weight, device=device,
+                           dtype=dtype)
+    return model, tok, drafter
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_target_and_drafter_args(ap)
     ap.add_argument("--clip-seconds", type=float, default=45.0)
     ap.add_argument("--modes", nargs="+", default=["plain", "chain", "host-chain", "16"],
                     help="plain, chain (rounds chained on the device where they can be), host-chain (every round "
                          "through the host), or a tree's node count")
-    ap.add_argument("--k", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=3, help="runs per mode and clip (alternating); medians reported")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default=None)
@@ -136,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
     dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
-    model, tok = load_model_and_tokenizer(args.target, device=args.device, dtype=dtype)
-    drafter = load_drafter(args.drafter, target_embedding=model.language_model.embed_tokens.weight,
-                           device=args.device, dtype=dtype)
+    model, tok, drafter = load_target_and_drafter(args, args.device, dtype)
     rate = model.config.audio.sampling_rate
     clips = [load_audio_file(f)[: int(args.clip_seconds * rate)] for f in args.audio]
     graphs = args.device.startswith("cuda")

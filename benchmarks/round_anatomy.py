@@ -35,8 +35,7 @@ from realtime.engine.chained_rounds import ChainedRounds
 from realtime.engine.cuda_graph import DecodeGraphRunner
 from realtime.engine.offline import run_engine_offline
 from realtime.engine.speculation import SpeculativeConfig
-from realtime.model_store import load_model_and_tokenizer
-from speculative.drafter import load_drafter
+from host_phases import add_target_and_drafter_args, load_target_and_drafter  # noqa: E402 (a sibling script)
 
 log = logging.getLogger("round_anatomy")
 
@@ -128,22 +127,18 @@ def anatomy(ch: ChainedRounds, s, rounds: int, n: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--drafter", required=True)
-    ap.add_argument("--audio", nargs="+", required=True)
-    ap.add_argument("--k", type=int, default=6)
+    add_target_and_drafter_args(ap)
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--lookahead-chunk", type=int, default=None,
-                    help="audio tokens per look-ahead encoder call (SpeculativeConfig.lookahead_chunk; None: 8)")
+                    help="audio tokens per look-ahead encoder call (SpeculativeConfig.lookahead_chunk; default: "
+                         "32, CUDA's)")
     ap.add_argument("--out", default="round_anatomy.json")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (it times CUDA graphs)")
-    model, tok = load_model_and_tokenizer(args.target, device="cuda", dtype=torch.bfloat16)
-    drafter = load_drafter(args.drafter, target_embedding=model.language_model.embed_tokens.weight, device="cuda",
-                           dtype=torch.bfloat16)
+    model, tok, drafter = load_target_and_drafter(args, "cuda", torch.bfloat16)
     rate = model.config.audio.sampling_rate
     reports = []
     for f in args.audio:

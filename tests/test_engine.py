@@ -128,29 +128,15 @@ def test_plain_look_ahead_chunks_keep_every_streams_tokens(tiny_ckpt, small_wind
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cuda_graphs", [True, False])
-def test_gpu_plain_look_ahead_chunks_keep_every_streams_tokens(tiny_ckpt, cuda_graphs):
-    """The plain 32-token look-ahead on CUDA (fp32), graphs and eager, the encoder on its own stream: its ahead
-    calls write ring rows beside the LM step that reads another; every stream keeps its tokens."""
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    path = tiny_ckpt(seed=1, small_windows=True)
-    model, _ = load_model(path, device="cuda")
-    run_join_leave_scenario(model, load_tokenizer(path),
-                            RunnerOptions(max_streams=12, max_batch=8, block_size=16, cuda_graphs=cuda_graphs,
-                                          encoder_chunk=32))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(("cuda_graphs", "encoder_stream"), [(True, True), (False, True), (True, False), (True, 8),
-                                                             (False, 8)])
+@pytest.mark.parametrize(("cuda_graphs", "encoder_stream", "encoder_chunk"),
+                         [(True, True, 1), (False, True, 1), (True, False, 1), (True, 8, 1), (False, 8, 1),
+                          (True, True, 32), (False, True, 32)])
 @pytest.mark.parametrize("small_windows", [False, True])
-def test_sixteen_streams_on_gpu(tiny_ckpt, small_windows, cuda_graphs, encoder_stream):
+def test_sixteen_streams_on_gpu(tiny_ckpt, small_windows, cuda_graphs, encoder_stream, encoder_chunk):
     """The CPU scenario on CUDA, with graphs and eager, the encoder on its own stream (the next token's
     encoder beside the LM step: a missing wait would show as other tokens), on one in a green context of 8
-    SMs (`encoder_sms`) and on the main stream."""
+    SMs (`encoder_sms`) and on the main stream; and with the plain 32-token look-ahead, whose ahead calls write
+    ring rows beside the LM step that reads another."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -159,7 +145,7 @@ def test_sixteen_streams_on_gpu(tiny_ckpt, small_windows, cuda_graphs, encoder_s
     model, _ = load_model(path, device="cuda")
     run_join_leave_scenario(model, load_tokenizer(path),
                             RunnerOptions(max_streams=12, max_batch=8, block_size=16, cuda_graphs=cuda_graphs,
-                                          encoder_stream=bool(encoder_stream),
+                                          encoder_stream=bool(encoder_stream), encoder_chunk=encoder_chunk,
                                           encoder_sms=None if isinstance(encoder_stream, bool) else encoder_stream))
 
 

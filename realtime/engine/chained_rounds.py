@@ -128,7 +128,8 @@ class ChainedRounds:
                 self.layout()
                 self.accept()
                 self._init.zero_()
-                self.g_round = DecodeGraphRunner(lambda _: self._round(), 1, dev)
+                rows = (sp.g_catchup.bucket(self.catchup_rows), sp.g_verify.bucket(k + 1))
+                self.g_round = DecodeGraphRunner(lambda _: self._round(*rows), 1, dev)
                 self.g_round.capture(warmup=False)
             else:
                 self.g_layout = DecodeGraphRunner(lambda _: self.layout(), 1, dev)
@@ -167,16 +168,15 @@ class ChainedRounds:
         """Greedy acceptance on the device; advances the state and logs the round."""
         round_accept(self.consts, self.state, self.tokens, self.sp.v_next, self.sp.v_tokens, self.log)
 
-    def _round(self) -> None:
-        """One round at the sizes the speculator's graphs replay it at (catch-up and verify rows padded to their
-        buckets), so that the one-graph round computes what the six graphs do."""
+    def _round(self, catchup_rows: int, verify_rows: int) -> None:
+        """One round, its catch-up and verify over that many rows (eager: the round's own; the one-graph round:
+        padded to the buckets the speculator's graphs replay, so that it computes what the six graphs do)."""
         sp = self.sp
         self.layout()
-        sp._catchup_forward(sp.g_catchup.bucket(self.catchup_rows))
-        sp._chain_forward(sp.g_chain.bucket(1))
-        t = sp.g_verify.bucket(self.k + 1)
-        sp._verify_inputs(t)
-        sp._verify_forward(t)
+        sp._catchup_forward(catchup_rows)
+        sp._chain_forward(1)
+        sp._verify_inputs(verify_rows)
+        sp._verify_forward(verify_rows)
         self.accept()
 
     # -- one chain --------------------------------------------------------------------------------------
@@ -208,12 +208,7 @@ class ChainedRounds:
                 sp.g_verify.replay(run_t)
                 self.g_accept.replay(1)
             else:
-                self.layout()
-                sp._catchup_forward(t_c)
-                sp._chain_forward(1)
-                sp._verify_inputs(t)
-                sp._verify_forward(t)
-                self.accept()
+                self._round(t_c, t)
             marks.append(fence.mark())
             if self.cuda:
                 self._events[r].record()
