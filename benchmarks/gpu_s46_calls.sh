@@ -26,5 +26,14 @@ case "$call" in
     gpu_tests gpu_tests 170 tests/test_engine.py tests/test_speculative.py \
       -k "encoder_chunks_give or chained_rounds_with or graphs_equal_eager or sixteen_streams_on_gpu"
     ;;
+  2)  # the short form for a session whose device time went to training first: batch 1 (with the chunked plain
+      # engine and the flush) and the GPU tests, without round_anatomy and batches 16/64
+    timeout 150 python3 benchmarks/bench_speculative.py --target models/default --drafter models/default_drafter \
+      --audio .bench_audio/* --clip-seconds 45 --k 6 --dtype bf16 --batches 1 --repeats 3 \
+      --compare-plain-chunk 32 --out "$GPU_DIR/b1.json" > "$GPU_DIR/b1.log" 2>&1
+    echo "b1 rc=$?"; grep -E "offline batch|plain with|flush batch|Error" "$GPU_DIR/b1.log" | cut -c1-250
+    gpu_tests gpu_tests 170 tests/test_engine.py tests/test_speculative.py \
+      -k "encoder_chunks_give or chained_rounds_with or graphs_equal_eager or sixteen_streams_on_gpu"
+    ;;
 esac
 pack "$out" && rm -rf "$out/r"

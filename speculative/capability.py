@@ -74,7 +74,11 @@ def supports_two_pass_drafting(model: object) -> TypeIs[SupportsTwoPassDrafting]
 def default_num_speculative_tokens(drafter: object) -> int:
     """Drafts per round when the user gives no number. A chained drafter pays one more dependent
     drafter pass per draft, so its best measured k on the H200 was 3-4 (docs/benchmarks.md, issue 5);
-    a parallel or two-pass drafter pays the same passes whatever k, and measured best at 6."""
+    a parallel or two-pass drafter pays the same passes whatever k, and measured best at 6 with the drafters
+    trained to draft 6. A drafter whose config records the drafts it was trained for (`draft_tokens`) gets that."""
+    trained = getattr(getattr(drafter, "config", None), "draft_tokens", None)
+    if isinstance(trained, int) and not isinstance(trained, bool) and trained > 0:
+        return trained
     return 6 if supports_parallel_drafting(drafter) or supports_two_pass_drafting(drafter) else 4
 
 

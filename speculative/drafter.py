@@ -68,6 +68,9 @@ class DrafterConfig:
     rope_theta: float = 1e6
     sliding_window: int | None = 512  # the drafter's own attention window (its KV ring)
     ada_cond_dim: int = 32
+    # drafts per round it was trained to make (a parallel or two-pass drafter's `--unroll`): the engine's k when the
+    # user gives none. None (drafters saved before the forty-sixth session): the kind's measured default
+    draft_tokens: int | None = None
 
     @classmethod
     def for_target(cls, target: ModelConfig, **overrides: object) -> DrafterConfig:
@@ -94,6 +97,10 @@ class DrafterConfig:
             raise CheckpointError(f"drafter config: head_dim must be even (RoPE), got {self.head_dim}")
         if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window < 1):
             raise CheckpointError(f"drafter config: sliding_window must be None or >= 1, got {self.sliding_window!r}")
+        n = self.draft_tokens
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise CheckpointError(f"drafter config: draft_tokens must be None or a positive integer, "
+                                  f"got {self.draft_tokens!r}")
         return self
 
     def decoder_config(self) -> DecoderConfig:

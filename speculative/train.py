@@ -47,7 +47,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -213,7 +213,9 @@ def init_drafter(model: VoxtralRealtime, tc: TrainConfig) -> EagleModel:
     """Start from 'the drafter predicts the target's output from x_q alone': fc = [I, 0], the
     layers copied from the target's last layer with their residual branches zeroed, the target's
     final norm. Training then only has to learn corrections."""
-    cfg = DrafterConfig.for_target(model.config, num_layers=tc.layers, sliding_window=attention_window(tc))
+    # a parallel or two-pass drafter drafts the depths it was trained on; recorded so the engine's default k is that
+    cfg = DrafterConfig.for_target(model.config, num_layers=tc.layers, sliding_window=attention_window(tc),
+                                   draft_tokens=tc.unroll if tc.parallel or tc.two_pass else None)
     if tc.text_only and (tc.parallel or tc.two_pass):
         raise ValueError("a parallel or two-pass drafter needs the audio of its draft positions: not with text_only")
     if tc.parallel and tc.two_pass:
@@ -240,7 +242,8 @@ def init_from_checkpoint(drafter: EagleModel, path: str | Path) -> list[str]:
     this kind has (the mask embedding) keep their initial values. Returns their names. A missing or
     corrupt checkpoint is a CheckpointError (`load_drafter` is strict)."""
     saved = load_drafter(path)
-    if saved.config != drafter.config:
+    # the drafts it was trained for may differ (a parallel drafter trained on to more depths): the weights still fit
+    if replace(saved.config, draft_tokens=None) != replace(drafter.config, draft_tokens=None):
         raise ValueError(f"--init-from {path}: its config {asdict(saved.config)} differs from this drafter's "
                          f"{asdict(drafter.config)}")
     theirs, own = saved.state_dict(), drafter.state_dict()

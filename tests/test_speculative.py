@@ -1150,6 +1150,11 @@ def test_parallel_drafting_is_declared_not_probed(target):
     # a round of a chained drafter costs one pass per draft, of the others one or two passes whatever k
     assert [default_num_speculative_tokens(c(cfg)) for c in (EagleDrafter, TruthyParallel, ParallelEagleDrafter,
                                                               TwoPassEagleDrafter)] == [4, 4, 6, 6]
+    # a drafter that records the drafts it was trained for gets that many (speculative.train writes it)
+    assert default_num_speculative_tokens(ParallelEagleDrafter(dataclasses.replace(cfg, draft_tokens=10))) == 10
+    for bad in (0, -2, True, 2.5, "6"):
+        with pytest.raises(CheckpointError, match="draft_tokens must be None or a positive integer"):
+            DrafterConfig.from_dict({**dataclasses.asdict(cfg), "draft_tokens": bad})
     d = ParallelEagleDrafter(cfg).tie_to(target[0].language_model.embed_tokens.weight)
     with torch.no_grad():
         d.mask_embedding.fill_(0.5)

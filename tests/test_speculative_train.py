@@ -10,7 +10,8 @@ import torch
 from conftest import synthetic_audio
 
 from realtime.loader import load_model
-from speculative import DrafterConfig, EagleDrafter, ParallelEagleDrafter, TwoPassEagleDrafter, load_drafter
+from speculative import (DrafterConfig, EagleDrafter, ParallelEagleDrafter, TwoPassEagleDrafter,
+                         default_num_speculative_tokens, load_drafter)
 from speculative.train import STATE_FILE, TEACHER_FILE, TrainConfig, main, target_fingerprint, train_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -282,6 +283,10 @@ def test_a_parallel_drafter_starts_from_a_chained_drafters_weights(tiny_ckpt, tm
     a, b = load_drafter(chained).state_dict(), load_drafter(par).state_dict()
     assert set(b) - set(a) == {"mask_embedding"} and not b["mask_embedding"].any()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # the parallel drafter records the depths it was trained on (--unroll), the engine's default k; a chained one not
+    assert load_drafter(chained).config.draft_tokens is None
+    assert load_drafter(par).config.draft_tokens == TrainConfig().unroll
+    assert default_num_speculative_tokens(load_drafter(par)) == TrainConfig().unroll
     fresh = load_drafter(train_drafter(model, clips, tmp_path / "fresh", TrainConfig(steps=0, parallel=True),
                                        eval_audios=[]).out_dir).state_dict()
     assert not torch.equal(fresh["fc.weight"], a["fc.weight"])  # the copy is what made them equal
