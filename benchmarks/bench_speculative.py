@@ -46,6 +46,7 @@ from realtime.engine.offline import OfflineRun, run_engine_offline
 from realtime.engine.speculation import SpeculativeConfig, runner_options_for
 from realtime.model_store import load_model_and_tokenizer
 from realtime.serving import StreamDone, StreamFailed
+from speculative.capability import default_num_speculative_tokens
 from speculative.drafter import load_drafter
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -186,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--text-only-drafter", default=None, help="a drafter trained with --text-only (ablation S3)")
     ap.add_argument("--audio", nargs="*", default=[])
     ap.add_argument("--out", default="bench_speculative.json")
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", type=int, default=None,
+                    help="drafts per round (default: the drafter's on this device, as the engine's command lines "
+                         "use it: speculative.capability.default_num_speculative_tokens)")
     ap.add_argument("--tree-max-streams", type=int, default=None,
                     help="with --tree-nodes: the tree only in steps where at most this many streams draft (default: always)")
     ap.add_argument("--tree-nodes", type=int, default=None,
@@ -221,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = load_model_and_tokenizer(args.target, device=args.device, dtype=dtype)
     emb = model.language_model.embed_tokens.weight
     drafter = load_drafter(args.drafter, target_embedding=emb, device=args.device, dtype=dtype)
+    if args.k is None:
+        args.k = default_num_speculative_tokens(drafter, args.device)
     spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k, tree_nodes=args.tree_nodes,
                              tree_max_streams=args.tree_max_streams, lookahead_chunk=args.lookahead_chunk,
                              chained_rounds=args.chained_rounds).on(model.device)

@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Eagle drafter folder for lossless speculative decoding, or 'none' (default: on the CPU the "
                          "embedded drafter with the embedded model; none on CUDA and with other checkpoints)")
     ap.add_argument("--k", type=int, default=None,
-                    help="drafts per round (default: 6 for a parallel or two-pass drafter, 4 for a chained one)")
+                    help="drafts per round (default: the drafts the drafter was trained for, at most 6 on the CPU; "
+                         "6 for older parallel or two-pass drafters, 4 for chained ones)")
     ap.add_argument("--tree-nodes", type=int, default=None,
                     help="verify a tree of this many drafts per round instead of a chain (parallel drafters)")
     ap.add_argument("--tree-max-streams", type=int, default=1,

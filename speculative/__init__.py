@@ -21,6 +21,7 @@ Imports allowed: torch, safetensors, numpy, typing_extensions and the model-leve
 """
 
 from .capability import (
+    CPU_MAX_DEFAULT_DRAFTS,
     SupportsMultiModalEmbeddings,
     SupportsParallelDrafting,
     SupportsTwoPassDrafting,
@@ -50,6 +51,7 @@ __all__ = [
     "SupportsParallelDrafting",
     "SupportsTwoPassDrafting",
     "TwoPassEagleDrafter",
+    "CPU_MAX_DEFAULT_DRAFTS",
     "default_num_speculative_tokens",
     "drafter_receives_audio",
     "load_drafter",

@@ -71,14 +71,23 @@ def supports_two_pass_drafting(model: object) -> TypeIs[SupportsTwoPassDrafting]
     return getattr(type(model), "supports_two_pass_drafting", False) is True
 
 
-def default_num_speculative_tokens(drafter: object) -> int:
+# the most drafts per round a CPU engine makes by default: there every verified row costs compute, and on the 2-core
+# CPU box the shipped drafter (trained for 10) ran offline at 19.7x real time with 10 drafts, 21.1x with 6 and 21.2x
+# with 4 (fp32, batch 1; docs/benchmarks.md, issue 5, forty-sixth session), where a GPU's round costs about the same
+# for any k and 10 was fastest
+CPU_MAX_DEFAULT_DRAFTS = 6
+
+
+def default_num_speculative_tokens(drafter: object, device: torch.device | str | None = None) -> int:
     """Drafts per round when the user gives no number. A chained drafter pays one more dependent
     drafter pass per draft, so its best measured k on the H200 was 3-4 (docs/benchmarks.md, issue 5);
     a parallel or two-pass drafter pays the same passes whatever k, and measured best at 6 with the drafters
-    trained to draft 6. A drafter whose config records the drafts it was trained for (`draft_tokens`) gets that."""
+    trained to draft 6. A drafter whose config records the drafts it was trained for (`draft_tokens`) gets that
+    many, on the CPU (`device`) at most `CPU_MAX_DEFAULT_DRAFTS`."""
     trained = getattr(getattr(drafter, "config", None), "draft_tokens", None)
     if isinstance(trained, int) and not isinstance(trained, bool) and trained > 0:
-        return trained
+        on_cpu = device is not None and torch.device(device).type == "cpu"
+        return min(trained, CPU_MAX_DEFAULT_DRAFTS) if on_cpu else trained
     return 6 if supports_parallel_drafting(drafter) or supports_two_pass_drafting(drafter) else 4
 
 

@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", default=None,
                    help="Eagle drafter folder (speculative/): verify several frames per step when audio is backlogged")
     p.add_argument("--num-speculative-tokens", type=_positive_int, default=None,
-                   help="drafts per stream per step (default: 6 for a parallel or two-pass drafter, 4 for a chained one)")
+                   help="drafts per stream per step (default: the drafts the drafter was trained for, at most 6 on "
+                        "the CPU; 6 for older parallel or two-pass drafters, 4 for chained ones)")
     p.add_argument("--tree-nodes", type=_positive_int, default=None,
                    help="verify a tree of this many drafts per round instead of one chain (parallel drafters; "
                         "more tokens accepted per round, a little more work per round)")

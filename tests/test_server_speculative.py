@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_server_common import (  # noqa: F401  (fixtures)
@@ -21,11 +23,16 @@ from speculative.drafter import EagleDrafter, ParallelEagleDrafter, TwoPassEagle
 from stream_server.engine_factory import build_engine
 
 
-@pytest.mark.parametrize(("cls", "k"), [(EagleDrafter, 4), (ParallelEagleDrafter, 6), (TwoPassEagleDrafter, 6)])
-def test_the_drafters_kind_sets_the_default_number_of_drafts(ckpt, tmp_path, cls, k):
-    """`--num-speculative-tokens` left out: 4 for a chained drafter, 6 for a parallel or two-pass one."""
+@pytest.mark.parametrize(("cls", "trained_for", "k"), [(EagleDrafter, None, 4), (ParallelEagleDrafter, None, 6),
+                                                       (TwoPassEagleDrafter, None, 6), (ParallelEagleDrafter, 3, 3),
+                                                       (ParallelEagleDrafter, 10, 6)])
+def test_the_drafters_kind_sets_the_default_number_of_drafts(ckpt, tmp_path, cls, trained_for, k):
+    """`--num-speculative-tokens` left out: the drafts a drafter's config says it was trained for, at most 6 on the
+    CPU; for a drafter that does not say, 4 if chained, 6 if parallel or two-pass."""
     model, _ = load_model_and_tokenizer(ckpt)
-    save_drafter(echo_drafter(model, cls=cls), tmp_path / "drafter")
+    drafter = echo_drafter(model, cls=cls)
+    drafter.config = dataclasses.replace(drafter.config, draft_tokens=trained_for)
+    save_drafter(drafter, tmp_path / "drafter")
     eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "drafter"))
     assert eng.speculator.k == k
     eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "drafter"),

@@ -120,14 +120,14 @@ def transcribe_batch(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: S
 def speculative_config(model: VoxtralRealtime, drafter_dir: str | Path, *, k: int | None = None,
                        tree_nodes: int | None = None, tree_max_streams: int | None = 1) -> SpeculativeConfig:
     """Load the drafter in `drafter_dir` for `model` (on its device, in its dtype) and configure speculation: `k`
-    drafts per round (None: the drafter kind's default), optionally a tree of `tree_nodes` drafts in steps where
+    drafts per round (None: the drafter's default on this device), optionally a tree of `tree_nodes` drafts in steps where
     at most `tree_max_streams` streams draft."""
     from speculative.capability import default_num_speculative_tokens
     from speculative.drafter import load_drafter
 
     drafter = load_drafter(drafter_dir, target_embedding=model.language_model.embed_tokens.weight,
                            device=model.device, dtype=model.dtype)
-    k = default_num_speculative_tokens(drafter) if k is None else k
+    k = default_num_speculative_tokens(drafter, model.device) if k is None else k
     return SpeculativeConfig(drafter, num_speculative_tokens=k, tree_nodes=tree_nodes,
                              tree_max_streams=tree_max_streams if tree_nodes else None)
 
