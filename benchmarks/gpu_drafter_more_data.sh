@@ -31,6 +31,11 @@
 # same PAR_K, PAR_MINUTES and DROPOUT. REF_DRAFTER may list several drafters, `DIR[@K]` each (K default 4):
 # each one's batch-1 run follows in turn (ref_g0, ref2_g0, ...). EXTRA_TRAIN (env): more speculative.train
 # arguments for the parallel and two-pass drafters (e.g. "--depth-decay 0.4"). B1_ONLY=1 (env): no batch-16/64 runs.
+# EXTRA_AUDIO (env, forty-sixth session): more training audio for the drafters, folders or files as speculative.train's
+# --audio takes them, e.g. the default model's packed training shards staged by benchmarks/gpu_stage.sh
+# (EXTRA_AUDIO="/tmp/streamscribe_stage/ps_ke52 ..."; Kokoro's 45 natural speakers, which the device cannot
+# synthesise): the drafter's first draft is right 66% of the time on held-out voices and ~100% on its training
+# positions, so more voices may be what it lacks. DISTIL_LIMIT (env, default 330 s): the one-GPU distillation's limit.
 # Back: OUT/results.tar (logs, reports, benchmark JSON) and OUT/{base,more,reg,par,par2,two,two2}/drafter{.safetensors,_config.json}.
 set -u
 out=${1:?out dir}; evals=${2:?held-out clips folder}; carry=${3:?carry with engines.tar.xz, corpus.tsv.gz, wheels}
@@ -64,8 +69,16 @@ for i in $(seq 1 "$chunks"); do
     [ "$i" -le 8 ] && base_audio+=("$d")
   done
 done
+for d in ${EXTRA_AUDIO:-}; do
+  [ -e "$d" ] || { echo "EXTRA_AUDIO: $d is missing (staged on this machine?)" >&2; exit 3; }
+  all_audio+=("$d")
+done
 distil() {  # name gpu steps limit training-minutes source-arguments (--audio DIRS... or --teacher-from DIRS...)
   local name=$1 gpu=$2 n=$3 limit=$4 minutes=$5; shift 5
+  # each call trains anew: a second call on the same warm machine (forty-sixth session: PAR_K=14 after PAR_K=10)
+  # would otherwise resume the first call's state and be refused for its other config; the teacher file is kept
+  # (speculative.train checks that its target, files, audio and delays match)
+  rm -f "/tmp/drafters/$name/train_state.pt"
   # the source arguments come last: they may override the recipe's --unroll 4 (argparse keeps the last)
   CUDA_VISIBLE_DEVICES=$gpu timeout "$limit" python3 -m speculative.train --target models/default \
     --eval-audio "$evals" --out "/tmp/drafters/$name" --delays 480 --unroll 4 --steps "$n" \
@@ -111,8 +124,8 @@ if [ "$mode" != compare ] && [ "$ngpu" -ge 2 ]; then
   fi
   wait
 elif [ -n "$kind" ]; then
-  distil "$one" 0 "$steps" 330 "${PAR_MINUTES:-4}" --audio "${all_audio[@]}" --dropout "$dropout" "$kind" \
-    --unroll "${PAR_K:-6}" --k "${PAR_K:-6}" ${EXTRA_TRAIN:-}
+  distil "$one" 0 "$steps" "${DISTIL_LIMIT:-330}" "${PAR_MINUTES:-4}" --audio "${all_audio[@]}" --dropout "$dropout" \
+    "$kind" --unroll "${PAR_K:-6}" --k "${PAR_K:-6}" ${EXTRA_TRAIN:-}
 else
   if [ "$ngpu" -ge 2 ]; then
     distil base 0 3000 220 9 --audio "${base_audio[@]}" &

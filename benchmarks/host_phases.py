@@ -42,6 +42,7 @@ from realtime.engine import BatchedEngine, RunnerOptions
 from realtime.engine.offline import run_engine_offline
 from realtime.engine.speculation import SpeculativeConfig
 from realtime.model_store import load_model_and_tokenizer
+from speculative.capability import default_num_speculative_tokens
 from speculative.drafter import load_drafter
 
 log = logging.getLogger("host_phases")
@@ -124,14 +125,18 @@ def add_target_and_drafter_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", required=True)
     ap.add_argument("--drafter", required=True)
     ap.add_argument("--audio", nargs="+", required=True)
-    ap.add_argument("--k", type=int, default=6)
+    ap.add_argument("--k", type=int, default=None,
+                    help="drafts per round (default: the drafter's on this device, as bench_speculative.py)")
 
 
 def load_target_and_drafter(args: argparse.Namespace, device: str, dtype: torch.dtype) -> tuple:
-    """(model, tokenizer, drafter tied to the model's embedding) from --target and --drafter."""
+    """(model, tokenizer, drafter tied to the model's embedding) from --target and --drafter; a missing --k becomes
+    the drafter's default on `device`."""
     model, tok = load_model_and_tokenizer(args.target, device=device, dtype=dtype)
     drafter = load_drafter(args.drafter, target_embedding=model.language_model.embed_tokens.weight, device=device,
                            dtype=dtype)
+    if args.k is None:
+        args.k = default_num_speculative_tokens(drafter, device)
     return model, tok, drafter
 
 

@@ -630,13 +630,19 @@ def evaluate_in_engine(model: VoxtralRealtime, drafter_dir: Path, audios: Sequen
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+# a training shard packed by `realtime.train.presynth` (Opus audio of one voice's utterances, with their texts)
+PACKED_SHARD_SUFFIX = ".opus.npz"
+
+
 def audio_paths(items: Sequence[str]) -> list[str]:
-    """Files as given; folders expanded to their WAV/FLAC/Ogg files (sorted); .txt files read as lists."""
+    """Files as given; folders expanded to their WAV/FLAC/Ogg files and packed training shards (sorted); .txt files
+    read as lists."""
     out: list[str] = []
     for item in items:
         p = Path(item)
         if p.is_dir():
-            out += sorted(str(f) for f in p.rglob("*") if f.suffix.lower() in (".wav", ".flac", ".ogg", ".opus"))
+            out += sorted(str(f) for f in p.rglob("*") if f.suffix.lower() in (".wav", ".flac", ".ogg", ".opus")
+                          or f.name.endswith(PACKED_SHARD_SUFFIX))
         elif p.suffix.lower() == ".txt":
             out += [ln.strip() for ln in p.read_text().splitlines() if ln.strip()]
         else:
@@ -646,6 +652,28 @@ def audio_paths(items: Sequence[str]) -> list[str]:
     return out
 
 
+def load_training_audio(path: str, rate: int) -> np.ndarray:
+    """One training clip: an audio file (resampled to `rate`), or a packed training shard of the default model's
+    speech (`realtime.train.presynth`: natural and recorded voices the device cannot synthesise). A shard of another
+    split than "train" holds held-out voices or sentences, which no training may read: refused."""
+    from realtime.audio import load_audio_file
+
+    if not path.endswith(PACKED_SHARD_SUFFIX):
+        return load_audio_file(path, rate)
+    from realtime.train.presynth import read_packed_audio
+    from realtime.train.synth import RATE
+
+    if rate != RATE:
+        raise ValueError(f"{path}: packed shards are {RATE} Hz audio, the target reads {rate} Hz")
+    try:
+        audio, meta = read_packed_audio(Path(path))
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:  # soundfile's errors are RuntimeErrors
+        raise ValueError(f"{path}: not a readable packed shard: {exc}") from exc
+    if meta.get("split") != "train":
+        raise ValueError(f"{path}: a {meta.get('split')!r} shard (held-out voices or sentences): never trained on")
+    return audio
+
+
 def main(argv: list[str] | None = None) -> int:
     from realtime.audio import AudioError, load_audio_file
     from realtime.loader import CheckpointError, load_model
@@ -653,7 +681,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Distil an Eagle drafter from a target checkpoint on audio.")
     ap.add_argument("--target", required=True, help="target checkpoint folder")
     ap.add_argument("--audio", nargs="+", default=None,
-                    help="training audio: WAV/FLAC/Ogg files, folders (searched recursively) or .txt lists of paths")
+                    help="training audio: WAV/FLAC/Ogg files, packed training shards (*.opus.npz, split train), "
+                         "folders (searched recursively) or .txt lists of paths")
     ap.add_argument("--label-only", action="store_true",
                     help="label --audio into OUT/teacher.pt and stop (for --teacher-from of another run)")
     ap.add_argument("--teacher-from", nargs="+", default=None, metavar="DIR",
@@ -721,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
             init_from_checkpoint(init_drafter(model, tc), args.init_from)
         rate = model.config.audio.sampling_rate
         files = audio_paths(args.audio) if args.audio is not None else []
-        audios = [load_audio_file(f, rate) for f in files]
+        audios = [load_training_audio(f, rate) for f in files]
         if files:
             logger.info("%d training files, %.1f min of audio", len(files), sum(a.size for a in audios) / rate / 60)
         if args.label_only:

@@ -392,3 +392,52 @@ def test_parallel_training_loss_is_the_loss_of_engine_passes(tiny_ckpt, cls):
                     counts[j] += 1
     torch.testing.assert_close(loss, total / n_first, rtol=1e-4, atol=1e-5)
     assert accs == pytest.approx([hi / c for hi, c in zip(hits, counts)])
+
+
+def test_packed_training_shards_are_training_audio_and_held_out_ones_are_refused(tiny_ckpt, tmp_path, capsys):
+    """`--audio` takes the default model's packed training shards (realtime.train.presynth: the natural and recorded
+    voices a device cannot synthesise): a folder of them is expanded, each decodes to its voice's utterances back to
+    back, and they label like any clip. A shard of held-out voices (split "heldout", as `pack-eval` makes for the
+    device's evaluation) is refused, never trained on."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from realtime.train.presynth import SUFFIX, pack_shard
+    from realtime.train.synth import RATE, RawShard
+    from speculative.train import PACKED_SHARD_SUFFIX, audio_paths, load_training_audio
+
+    assert SUFFIX == PACKED_SHARD_SUFFIX
+    parts = tmp_path / "ps_part"
+    parts.mkdir()
+    raws = []
+    for i, split in enumerate(["train", "train", "heldout"]):
+        audio = (np.clip(synthetic_audio(1.5 + 0.25 * i, seed=40 + i), -1, 1) * 20000).astype(np.int16)
+        raw = RawShard("kokoro:af_x", "af_x", split, ["a few words"], audio, np.array([0, audio.size]),
+                       np.array([[0.1, 0.3], [0.35, 0.6], [0.7, 1.0]], np.float32), np.array([0, 3]))
+        raw.save(tmp_path / f"raw{i}.npz")
+        pack_shard(tmp_path / f"raw{i}.npz", parts / f"pre-{split}-{i:05d}{SUFFIX}", 0.95)
+        raws.append(raw)
+    (parts / "index.json").write_text("{}")
+    found = audio_paths([str(parts)])
+    assert [Path(f).name for f in found] == [f"pre-heldout-00002{SUFFIX}", f"pre-train-00000{SUFFIX}",
+                                             f"pre-train-00001{SUFFIX}"]
+    got = load_training_audio(found[1], RATE)
+    assert got.dtype == np.float32 and got.size == raws[0].audio.size and 0 < np.abs(got).max() < 1
+    ref = raws[0].audio / 32768.0
+    assert np.corrcoef(ref, got)[0, 1] > 0.9  # Opus is lossy: the same signal, not the same samples
+    with pytest.raises(ValueError, match="'heldout' shard .*never trained on"):
+        load_training_audio(found[0], RATE)
+    with pytest.raises(ValueError, match="packed shards are 16000 Hz"):
+        load_training_audio(found[1], 24000)
+    (tmp_path / f"broken{SUFFIX}").write_bytes(b"not a shard")
+    with pytest.raises(ValueError, match="not a readable packed shard"):
+        load_training_audio(str(tmp_path / f"broken{SUFFIX}"), RATE)
+    # the command line: a folder with a held-out shard is refused before any labelling; the training shards label
+    assert main(["--target", str(tiny_ckpt(seed=1)), "--audio", str(parts), "--out", str(tmp_path / "bad"),
+                 "--device", "cpu", "--label-only"]) == 2
+    assert "never trained on" in capsys.readouterr().err
+    assert not (tmp_path / "bad" / TEACHER_FILE).exists()
+    assert main(["--target", str(tiny_ckpt(seed=1)), "--audio", *found[1:], "--out", str(tmp_path / "lab"),
+                 "--device", "cpu", "--label-only"]) == 0
+    assert json.loads(capsys.readouterr().out)["sequences"] == 2

@@ -97,6 +97,15 @@ def _meta(z: np.lib.npyio.NpzFile) -> dict:
     return json.loads(z["meta"].tobytes().decode())
 
 
+def read_packed_audio(src: Path) -> tuple[np.ndarray, dict]:
+    """A packed shard's audio as float32 in [-1, 1) at `RATE`, and its voice, speaker, split and texts: its
+    utterances back to back, one voice (what `speculative.train` distils a drafter on)."""
+    with np.load(src) as z:
+        meta = _meta(z)
+        audio = decode_opus(z["opus"].tobytes())
+    return audio.astype(np.float32) / 32768.0, meta
+
+
 def unpack_shard(src: Path, dst_dir: Path) -> float:
     """A packed shard -> an ordinary shard in `dst_dir`; returns its seconds of audio."""
     with np.load(src) as z:
