@@ -704,13 +704,21 @@ def test_transcribe_cli_decodes_files_on_the_engine(target, tiny_ckpt, tmp_path,
     caplog.set_level(logging.INFO, logger="realtime.transcribe")
     runs = {"no drafter": [], "drafter": ["--drafter", drafter], "tree": ["--drafter", drafter, "--tree-nodes", "5",
             "--batch", "1"], "k 3, batch 2": ["--drafter", drafter, "--k", "3", "--batch", "2"],
-            "reference": ["--reference"], "none": ["--drafter", "none", "--batch", "2"]}
+            "reference": ["--reference"], "none": ["--drafter", "none", "--batch", "2"],
+            "none, one-token encoder calls": ["--drafter", "none", "--encoder-chunk", "1"],
+            "none, 8-token encoder calls, batch 1": ["--drafter", "none", "--encoder-chunk", "8", "--batch", "1"]}
+    plain = {"no drafter": 32, "none": 32, "none, one-token encoder calls": 1,
+             "none, 8-token encoder calls, batch 1": 8}
     for name, extra in runs.items():
         caplog.clear()
         assert main(["--model", ckpt, "--device", "cpu", *extra, *files]) == 0, name
         assert capsys.readouterr().out.splitlines() == [f"{f}\t{one_line(e)}" for f, e in zip(files, expected)], name
         spec = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speculation (")]
-        assert len(spec) == (name not in ("no drafter", "reference", "none")), name
+        assert len(spec) == (name not in ("reference", *plain)), name
+        # without a drafter the CPU encodes a file's buffered audio 32 tokens a call unless --encoder-chunk says
+        chunks = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no drafter; encoder calls")]
+        want = [f"no drafter; encoder calls of up to {plain[name]} audio tokens"] if name in plain else []
+        assert chunks == want, name
         if name == "tree":
             assert spec[0].startswith("speculation (k = 6, tree of 5 nodes)")
         if name == "k 3, batch 2":
@@ -738,6 +746,17 @@ def test_transcribe_cli_decodes_files_on_the_engine(target, tiny_ckpt, tmp_path,
         assert capsys.readouterr().out == ""
 
 
+def test_offline_options_give_encoder_chunks_only_to_runs_without_a_drafter(target):
+    from realtime.engine.offline import offline_options
+
+    assert offline_options(3, 16, None).encoder_chunk == 1
+    assert offline_options(3, 16, None, encoder_chunk=32) == RunnerOptions(max_streams=3, max_batch=3, encoder_chunk=32)
+    spec = SpeculativeConfig(echo_drafter(target[0], cls=ParallelEagleDrafter), 4)
+    assert offline_options(1, 1, spec).max_step_tokens == 8
+    with pytest.raises(ValueError, match="a drafter's look-ahead sets its own"):
+        offline_options(1, 1, spec, encoder_chunk=8)
+
+
 def test_transcribe_cli_refuses_bad_arguments_with_a_message(target, tiny_ckpt, tmp_path, capsys):
     import soundfile as sf
 
@@ -753,7 +772,11 @@ def test_transcribe_cli_refuses_bad_arguments_with_a_message(target, tiny_ckpt, 
     cases = [
         ([a, b, "--words", str(tmp_path / "w.json")], "--srt and --words take one input file"),
         ([a, "--reference", "--drafter", str(tmp_path / "chain")], "--reference decodes one file at a time"),
-        ([a, "--reference", "--progress"], "it takes no --drafter, --k, --tree-nodes or --progress"),
+        ([a, "--reference", "--progress"], "it takes no --drafter, --k, --tree-nodes, --encoder-chunk or --progress"),
+        ([a, "--reference", "--encoder-chunk", "8"], "--reference decodes one file at a time"),
+        ([a, "--drafter", "none", "--encoder-chunk", "0"], "--encoder-chunk must be 1..32, got 0"),
+        ([a, "--drafter", "none", "--encoder-chunk", "33"], "--encoder-chunk must be 1..32, got 33"),
+        ([a, "--drafter", str(tmp_path / "chain"), "--encoder-chunk", "8"], "a drafter's look-ahead sets its own"),
         ([a, "--batch", "0"], "--batch must be at least 1"),
         ([a, "--k", "0"], "--k must be at least 1"),
         ([a, "--drafter", str(tmp_path / "missing")], "holds no drafter"),

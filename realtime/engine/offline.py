@@ -120,8 +120,8 @@ def transcribe_batch(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: S
 def speculative_config(model: VoxtralRealtime, drafter_dir: str | Path, *, k: int | None = None,
                        tree_nodes: int | None = None, tree_max_streams: int | None = 1) -> SpeculativeConfig:
     """Load the drafter in `drafter_dir` for `model` (on its device, in its dtype) and configure speculation: `k`
-    drafts per round (None: the drafter's default on this device), optionally a tree of `tree_nodes` drafts in steps where
-    at most `tree_max_streams` streams draft."""
+    drafts per round (None: the drafter's default on this device), optionally a tree of `tree_nodes` drafts in steps
+    where at most `tree_max_streams` streams draft."""
     from speculative.capability import default_num_speculative_tokens
     from speculative.drafter import load_drafter
 
@@ -132,13 +132,23 @@ def speculative_config(model: VoxtralRealtime, drafter_dir: str | Path, *, k: in
                              tree_max_streams=tree_max_streams if tree_nodes else None)
 
 
+# a drafter-less offline run's audio tokens per encoder call on the CPU: the 5 held-out clips (20 s each, fp32, batch 1)
+# decoded 2.57-2.70x faster with 32-token calls than with one token a step on the 2-core box, token for token the same
+# (docs/benchmarks.md, issue 5, forty-fifth and forty-sixth sessions). CUDA keeps 1 until it is measured there (its
+# encoder graphs for each call size add setup time)
+CPU_PLAIN_ENCODER_CHUNK = 32
+
+
 def offline_options(files: int, batch: int, spec: SpeculativeConfig | None, *,
-                    cuda_graphs: bool = True, encoder_stream: bool = True) -> RunnerOptions:
-    """Engine options for `files` clips decoded `batch` at a time."""
+                    cuda_graphs: bool = True, encoder_stream: bool = True, encoder_chunk: int = 1) -> RunnerOptions:
+    """Engine options for `files` clips decoded `batch` at a time; `encoder_chunk` > 1 (runs without a drafter,
+    whose look-ahead sets its own): a step encodes up to that many buffered audio tokens a call ahead of the LM."""
+    if spec is not None and encoder_chunk != 1:
+        raise ValueError("encoder_chunk is for runs without a drafter: a drafter's look-ahead sets its own chunks")
     n = max(1, min(batch, files))
     k = spec.num_speculative_tokens if spec is not None else 0
     return RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=cuda_graphs,  # the runner captures on CUDA only
-                         encoder_stream=encoder_stream, max_step_tokens=max(8, k + 1))
+                         encoder_stream=encoder_stream, max_step_tokens=max(8, k + 1), encoder_chunk=encoder_chunk)
 
 
 def run_summary(run: OfflineRun, audio_seconds: float, spec: SpeculativeConfig | None) -> list[str]:
