@@ -16,8 +16,8 @@ Files:
 
 Imports allowed: torch, safetensors, numpy, typing_extensions and the model-level parts of
 `realtime` (config, model, attention, audio, loader, session, tokenizer); `train` may also use
-`realtime.engine` (its offline path labels the training audio) and `realtime.train.regularize`
-(dropout). Nothing under `realtime.engine` is imported by `capability` or `drafter`, so the engine can import them without a cycle.
+`realtime.engine` (its offline path labels the training audio), `realtime.train.regularize`
+(dropout) and `realtime.train.presynth` / `.synth` (the default model's packed training shards as audio). Nothing under `realtime.engine` is imported by `capability` or `drafter`, so the engine can import them without a cycle.
 """
 
 from .capability import (
