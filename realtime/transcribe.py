@@ -172,11 +172,11 @@ def transcribe_files(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: l
         logger.info("drafter %s (%s, k = %d)", drafter, type(spec.drafter).__name__, spec.num_speculative_tokens)
     else:
         chunk = args.encoder_chunk or (CPU_PLAIN_ENCODER_CHUNK if model.device.type == "cpu" else 1)
-        logger.info("no drafter; encoder calls of up to %d audio tokens", chunk)
-    run = transcribe_batch(model, tokenizer, audios, delay_ms=args.delay_ms,
-                           opts=offline_options(len(audios), args.batch, spec, cuda_graphs=not args.no_cuda_graphs,
-                                                encoder_stream=not args.no_encoder_stream, encoder_chunk=chunk),
-                           speculative=spec,
+    opts = offline_options(len(audios), args.batch, spec, cuda_graphs=not args.no_cuda_graphs,
+                           encoder_stream=not args.no_encoder_stream, encoder_chunk=chunk)
+    if spec is None:
+        logger.info("no drafter; encoder calls of up to %d audio tokens", opts.encoder_chunk)
+    run = transcribe_batch(model, tokenizer, audios, delay_ms=args.delay_ms, opts=opts, speculative=spec,
                            progress=ProgressReport() if args.progress else None)
     for line in run_summary(run, sum(a.size for a in audios) / model.config.audio.sampling_rate, spec):
         logger.info("%s", line)

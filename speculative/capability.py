@@ -84,8 +84,8 @@ def default_num_speculative_tokens(drafter: object, device: torch.device | str |
     a parallel or two-pass drafter pays the same passes whatever k, and measured best at 6 with the drafters
     trained to draft 6. A drafter whose config records the drafts it was trained for (`draft_tokens`) gets that
     many, on the CPU (`device`) at most `CPU_MAX_DEFAULT_DRAFTS`."""
-    trained = getattr(getattr(drafter, "config", None), "draft_tokens", None)
-    if isinstance(trained, int) and not isinstance(trained, bool) and trained > 0:
+    trained = getattr(getattr(drafter, "config", None), "draft_tokens", None)  # validated by DrafterConfig
+    if trained is not None:
         on_cpu = device is not None and torch.device(device).type == "cpu"
         return min(trained, CPU_MAX_DEFAULT_DRAFTS) if on_cpu else trained
     return 6 if supports_parallel_drafting(drafter) or supports_two_pass_drafting(drafter) else 4

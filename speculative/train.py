@@ -630,19 +630,17 @@ def evaluate_in_engine(model: VoxtralRealtime, drafter_dir: Path, audios: Sequen
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-# a training shard packed by `realtime.train.presynth` (Opus audio of one voice's utterances, with their texts)
-PACKED_SHARD_SUFFIX = ".opus.npz"
-
-
 def audio_paths(items: Sequence[str]) -> list[str]:
     """Files as given; folders expanded to their WAV/FLAC/Ogg files and packed training shards (sorted); .txt files
     read as lists."""
+    from realtime.train.presynth import SUFFIX  # a shard packed by presynth (Opus audio of one voice's utterances)
+
     out: list[str] = []
     for item in items:
         p = Path(item)
         if p.is_dir():
             out += sorted(str(f) for f in p.rglob("*") if f.suffix.lower() in (".wav", ".flac", ".ogg", ".opus")
-                          or f.name.endswith(PACKED_SHARD_SUFFIX))
+                          or f.name.endswith(SUFFIX))
         elif p.suffix.lower() == ".txt":
             out += [ln.strip() for ln in p.read_text().splitlines() if ln.strip()]
         else:
@@ -657,11 +655,11 @@ def load_training_audio(path: str, rate: int) -> np.ndarray:
     speech (`realtime.train.presynth`: natural and recorded voices the device cannot synthesise). A shard of another
     split than "train" holds held-out voices or sentences, which no training may read: refused."""
     from realtime.audio import load_audio_file
-
-    if not path.endswith(PACKED_SHARD_SUFFIX):
-        return load_audio_file(path, rate)
-    from realtime.train.presynth import read_packed_audio
+    from realtime.train.presynth import SUFFIX, read_packed_audio
     from realtime.train.synth import RATE
+
+    if not path.endswith(SUFFIX):
+        return load_audio_file(path, rate)
 
     if rate != RATE:
         raise ValueError(f"{path}: packed shards are {RATE} Hz audio, the target reads {rate} Hz")

@@ -405,9 +405,8 @@ def test_packed_training_shards_are_training_audio_and_held_out_ones_are_refused
 
     from realtime.train.presynth import SUFFIX, pack_shard
     from realtime.train.synth import RATE, RawShard
-    from speculative.train import PACKED_SHARD_SUFFIX, audio_paths, load_training_audio
+    from speculative.train import audio_paths, load_training_audio
 
-    assert SUFFIX == PACKED_SHARD_SUFFIX
     parts = tmp_path / "ps_part"
     parts.mkdir()
     raws = []
@@ -420,6 +419,7 @@ def test_packed_training_shards_are_training_audio_and_held_out_ones_are_refused
         raws.append(raw)
     (parts / "index.json").write_text("{}")
     found = audio_paths([str(parts)])
+    assert all(f.endswith(SUFFIX) for f in found)  # presynth's own suffix: index.json is not audio
     assert [Path(f).name for f in found] == [f"pre-heldout-00002{SUFFIX}", f"pre-train-00000{SUFFIX}",
                                              f"pre-train-00001{SUFFIX}"]
     got = load_training_audio(found[1], RATE)

@@ -137,7 +137,7 @@ class SpeculativeConfig:
     def chunk(self, opts: RunnerOptions) -> int:
         if self.lookahead_chunk is None:
             return chunk_sizes(opts.max_step_tokens)[0]
-        return chunk_sizes(min(self.lookahead_chunk, MAX_LOOKAHEAD_CHUNK))[0]
+        return chunk_sizes(self.lookahead_chunk)[0]  # 1..MAX_LOOKAHEAD_CHUNK (`runner_options_for` checks)
 
 
 def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOptions:
@@ -457,14 +457,14 @@ class Speculator:
         if self.two_pass:
             self._second_pass(s, g)
             return
-        delay = self._delay(m["dr_dly"][:s])
+        t_cond, ada = self._delay(m["dr_dly"][:s])
         for j in range(1, self.k):
             pos = m["dr_pos"][j - 1, :s]
             mm = self._gather_audio(m["dr_aud"][j - 1, :s]) if self.drafter_audio else None
             x = d.embed_input_ids(self.drafts[:s, j - 1], mm)  # the audio of position p+j itself
             backend = PagedAttention(self.d_cache, m["dr_slot_mapping"][j - 1, :s], m["d_tables"], self.dr_seq[:s],
                                      pos)
-            g = d(x[None], g[None], pos[None], delay[0], backend, delay[1])[0]
+            g = d(x[None], g[None], pos[None], t_cond, backend, ada)[0]
             self.drafts[:s, j] = d.logits(g).argmax(-1)
 
     def _second_pass(self, s: int, g_first: torch.Tensor) -> None:
