@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from realtime.audio import load_audio_file  # noqa: E402
 from realtime.engine import BatchedEngine, RunnerOptions  # noqa: E402
 from realtime.engine.offline import run_engine_offline, speculative_config  # noqa: E402
+from realtime.engine.speculation import step_tokens_for  # noqa: E402
 from realtime.model_store import load_model_and_tokenizer  # noqa: E402
 
 logger = logging.getLogger("bench_engine_files")
@@ -54,7 +55,8 @@ def main() -> None:
     rows = []
     for n in args.max_streams:
         # the options `stream_server.engine_factory` gives a server of --max-sessions n
-        opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=args.device.startswith("cuda"))
+        opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=args.device.startswith("cuda"),
+                             max_step_tokens=step_tokens_for(spec.num_speculative_tokens if spec else 0))
         engine = BatchedEngine(model, tok, opts=opts, speculative=spec)
         for rep in range(args.repeats):
             t_all, steps, texts = 0.0, 0, []

@@ -43,7 +43,7 @@ from realtime.audio import load_audio_file
 from realtime.engine import BatchedEngine, RunnerOptions
 from realtime.engine.model_runner import encoder_rows_for
 from realtime.engine.offline import OfflineRun, run_engine_offline
-from realtime.engine.speculation import SpeculativeConfig, runner_options_for
+from realtime.engine.speculation import SpeculativeConfig, runner_options_for, step_tokens_for
 from realtime.model_store import load_model_and_tokenizer
 from realtime.serving import StreamDone, StreamFailed
 from speculative.capability import default_num_speculative_tokens
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                     "cuda_graphs": graphs, "clip_seconds": args.clip_seconds, "offline": {}, "flush": {}}
 
     for b in args.batches:
-        opts = RunnerOptions(max_streams=b, max_batch=b, cuda_graphs=graphs, max_step_tokens=max(8, args.k + 1))
+        opts = RunnerOptions(max_streams=b, max_batch=b, cuda_graphs=graphs, max_step_tokens=step_tokens_for(args.k))
         if b == 1:  # every file on its own
             groups = [[c] for c in make_clips(args.audio, max(1, len(args.audio)), args.clip_seconds, rate)]
         else:
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     flush_batches = [] if args.skip_flush else sorted({1, max(args.batches)})
     for b in flush_batches:
         clips = make_clips(args.audio, b, args.flush_clip_seconds, rate)
-        opts = RunnerOptions(max_streams=b, max_batch=b, cuda_graphs=graphs, max_step_tokens=max(8, args.k + 1))
+        opts = RunnerOptions(max_streams=b, max_batch=b, cuda_graphs=graphs, max_step_tokens=step_tokens_for(args.k))
         report["flush"][str(b)] = {"without": flush_latency(model, tok, clips, opts, None),
                                    "with": flush_latency(model, tok, clips, opts, spec)}
         f = report["flush"][str(b)]

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from realtime.audio import load_audio_file
 from realtime.engine import BatchedEngine, RunnerOptions
 from realtime.engine.offline import run_engine_offline
-from realtime.engine.speculation import SpeculativeConfig
+from realtime.engine.speculation import SpeculativeConfig, step_tokens_for
 from realtime.model_store import load_model_and_tokenizer
 from speculative.capability import default_num_speculative_tokens
 from speculative.drafter import load_drafter
@@ -96,7 +96,7 @@ def run_mode(model, tok, clip, mode: str, drafter, k: int, graphs: bool) -> dict
         spec = SpeculativeConfig(drafter, num_speculative_tokens=k,
                                  tree_nodes=None if mode in ("chain", "host-chain") else int(mode),
                                  chained_rounds=0 if mode == "host-chain" else 8)
-    opts = RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=graphs, max_step_tokens=max(8, k + 1))
+    opts = RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=graphs, max_step_tokens=step_tokens_for(k))
     eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
     run_engine_offline(eng, [clip[: 3 * model.config.audio.sampling_rate]])  # warm-up (first shapes)
     clock = instrument(eng)

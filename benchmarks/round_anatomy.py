@@ -34,7 +34,7 @@ from realtime.engine import BatchedEngine, RunnerOptions
 from realtime.engine.chained_rounds import ChainedRounds
 from realtime.engine.cuda_graph import DecodeGraphRunner
 from realtime.engine.offline import run_engine_offline
-from realtime.engine.speculation import SpeculativeConfig
+from realtime.engine.speculation import SpeculativeConfig, step_tokens_for
 from host_phases import add_target_and_drafter_args, load_target_and_drafter  # noqa: E402 (a sibling script)
 
 log = logging.getLogger("round_anatomy")
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in args.audio:
         spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k, chained_rounds=8,
                                  lookahead_chunk=args.lookahead_chunk)
-        opts = RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=True, max_step_tokens=max(8, args.k + 1))
+        opts = RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=True, max_step_tokens=step_tokens_for(args.k))
         eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
         run_engine_offline(eng, [load_audio_file(f)[: 3 * rate]])  # warm-up: the first shapes
         ch = eng.speculator.chained

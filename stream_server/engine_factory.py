@@ -45,6 +45,7 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
     if kind == "batched":
         from realtime.engine import BatchedEngine, RunnerOptions
         from realtime.engine.engine import bytes_per_stream
+        from realtime.engine.speculation import step_tokens_for
 
         speculative = None
         if drafter is not None:  # lossless speculation for backlogged streams (catch-up, flush, files)
@@ -54,8 +55,11 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
                                              tree_max_streams=tree_max_streams)
             logger.info("drafter %s, %d draft tokens per round%s", type(speculative.drafter).__name__,
                         speculative.num_speculative_tokens, f", a tree of {tree_nodes} nodes" if tree_nodes else "")
+        # a verify runs k + 1 rows a stream (10 drafts: the shipped drafter's on a GPU)
+        step_tokens = step_tokens_for(speculative.num_speculative_tokens if speculative is not None else 0)
         opts = RunnerOptions(max_streams=max_streams, max_batch=max_streams, cuda_graphs=cuda_graphs,
-                             encoder_stream=encoder_stream, max_session_seconds=max_session_seconds)
+                             encoder_stream=encoder_stream, max_session_seconds=max_session_seconds,
+                             max_step_tokens=step_tokens)
         if net.device.type == "cuda":
             # capacity is known up front: never admit more streams than their worst-case memory fits
             # (with speculation: the drafter's KV, a tree's scratch blocks and the deeper audio ring too)

@@ -38,6 +38,10 @@ def test_the_drafters_kind_sets_the_default_number_of_drafts(ckpt, tmp_path, cls
     eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "drafter"),
                        num_speculative_tokens=3)
     assert eng.speculator.k == 3
+    # more drafts than a plain step's 8 rows (the shipped drafter's 10 on a GPU): the runner is sized for the verify
+    eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "drafter"),
+                       num_speculative_tokens=10)
+    assert eng.speculator.k == 10 and eng.opts.max_step_tokens == 11
 
 
 def test_tree_verification_settings_in_the_engine_factory(ckpt, tmp_path):

@@ -755,6 +755,12 @@ def test_offline_options_give_encoder_chunks_only_to_runs_without_a_drafter(targ
     assert offline_options(1, 1, spec).max_step_tokens == 8
     with pytest.raises(ValueError, match="a drafter's look-ahead sets its own"):
         offline_options(1, 1, spec, encoder_chunk=8)
+    # a drafter of 10 drafts a round (the shipped one's on a GPU): the runner is sized for its 11-row verify, also
+    # where transcribe_batch makes the options itself
+    ten = SpeculativeConfig(spec.drafter, 10)
+    assert offline_options(2, 16, ten).max_step_tokens == 11
+    run = transcribe_batch(target[0], target[1], [UNSEEN[0]], speculative=ten)
+    assert run.results[0].token_ids == transcribe(target[0], target[1], UNSEEN[0]).token_ids
 
 
 def test_transcribe_cli_refuses_bad_arguments_with_a_message(target, tiny_ckpt, tmp_path, capsys):

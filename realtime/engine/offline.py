@@ -27,7 +27,7 @@ from ..session import TokenEvent, TranscriptionResult
 from ..tokenizer import TextTokenizer
 from .engine import BatchedEngine
 from .model_runner import RunnerOptions
-from .speculation import SpeculativeConfig
+from .speculation import SpeculativeConfig, step_tokens_for
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +111,7 @@ def transcribe_batch(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: S
                      progress: Callable[[float, float], None] | None = None) -> OfflineRun:
     """Transcribe several clips at once on a fresh batched engine (`progress`: see `run_engine_offline`)."""
     if opts is None:
-        n = max(1, min(len(audios), 64))
-        opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=model.device.type == "cuda")
+        opts = offline_options(len(audios), 64, speculative, cuda_graphs=model.device.type == "cuda")
     engine = BatchedEngine(model, tokenizer, opts=opts, speculative=speculative)
     return run_engine_offline(engine, audios, delay_ms=delay_ms, progress=progress)
 
@@ -148,7 +147,7 @@ def offline_options(files: int, batch: int, spec: SpeculativeConfig | None, *,
     n = max(1, min(batch, files))
     k = spec.num_speculative_tokens if spec is not None else 0
     return RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=cuda_graphs,  # the runner captures on CUDA only
-                         encoder_stream=encoder_stream, max_step_tokens=max(8, k + 1), encoder_chunk=encoder_chunk)
+                         encoder_stream=encoder_stream, max_step_tokens=step_tokens_for(k), encoder_chunk=encoder_chunk)
 
 
 def run_summary(run: OfflineRun, audio_seconds: float, spec: SpeculativeConfig | None) -> list[str]:

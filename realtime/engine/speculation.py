@@ -140,6 +140,12 @@ class SpeculativeConfig:
         return chunk_sizes(self.lookahead_chunk)[0]  # 1..MAX_LOOKAHEAD_CHUNK (`runner_options_for` checks)
 
 
+def step_tokens_for(k: int) -> int:
+    """The `RunnerOptions.max_step_tokens` an engine drafting `k` tokens a round is built with: the runner's default,
+    or a verify's k + 1 rows when that is more (`runner_options_for` refuses fewer)."""
+    return max(RunnerOptions.max_step_tokens, k + 1)
+
+
 def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOptions:
     """Runner options that speculation needs: an audio cache ring deep enough for look-ahead.
 
