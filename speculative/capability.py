@@ -83,10 +83,15 @@ def default_num_speculative_tokens(drafter: object, device: torch.device | str |
     drafter pass per draft, so its best measured k on the H200 was 3-4 (docs/benchmarks.md, issue 5);
     a parallel or two-pass drafter pays the same passes whatever k, and measured best at 6 with the drafters
     trained to draft 6. A drafter whose config records the drafts it was trained for (`draft_tokens`) gets that
-    many, on the CPU (`device`) at most `CPU_MAX_DEFAULT_DRAFTS`."""
-    trained = getattr(getattr(drafter, "config", None), "draft_tokens", None)  # validated by DrafterConfig
+    many, on the CPU (`device`) at most `CPU_MAX_DEFAULT_DRAFTS`; off the CPU its config's `gpu_draft_tokens`,
+    where a benchmark recorded one, comes first."""
+    config = getattr(drafter, "config", None)
+    trained = getattr(config, "draft_tokens", None)  # both validated by DrafterConfig
+    on_gpu = getattr(config, "gpu_draft_tokens", None)
+    on_cpu = device is not None and torch.device(device).type == "cpu"
+    if on_gpu is not None and not on_cpu:
+        return on_gpu
     if trained is not None:
-        on_cpu = device is not None and torch.device(device).type == "cpu"
         return min(trained, CPU_MAX_DEFAULT_DRAFTS) if on_cpu else trained
     return 6 if supports_parallel_drafting(drafter) or supports_two_pass_drafting(drafter) else 4
 

@@ -71,6 +71,12 @@ class DrafterConfig:
     # drafts per round it was trained to make (a parallel or two-pass drafter's `--unroll`): the engine's k when the
     # user gives none. None (drafters saved before the forty-sixth session): the kind's measured default
     draft_tokens: int | None = None
+    # drafts per round a GPU engine makes by default where a benchmark measured a number other than draft_tokens
+    # better (a parallel drafter's GPU round costs about the same for any k, and its depths past training still
+    # accept some drafts): the shipped drafter, trained for 10, drafts 12 on a GPU (forty-seventh session, H100,
+    # batch 1: mean acceptance length 4.09 at 12 against 3.99 at 10, 931x against 961x real time; docs/benchmarks.md).
+    # None: draft_tokens. Never used on the CPU, where every verified row costs compute
+    gpu_draft_tokens: int | None = None
 
     @classmethod
     def for_target(cls, target: ModelConfig, **overrides: object) -> DrafterConfig:
@@ -97,10 +103,10 @@ class DrafterConfig:
             raise CheckpointError(f"drafter config: head_dim must be even (RoPE), got {self.head_dim}")
         if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window < 1):
             raise CheckpointError(f"drafter config: sliding_window must be None or >= 1, got {self.sliding_window!r}")
-        n = self.draft_tokens
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise CheckpointError(f"drafter config: draft_tokens must be None or a positive integer, "
-                                  f"got {self.draft_tokens!r}")
+        for name in ("draft_tokens", "gpu_draft_tokens"):
+            n = getattr(self, name)
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+                raise CheckpointError(f"drafter config: {name} must be None or a positive integer, got {n!r}")
         return self
 
     def decoder_config(self) -> DecoderConfig:

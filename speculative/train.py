@@ -242,8 +242,12 @@ def init_from_checkpoint(drafter: EagleModel, path: str | Path) -> list[str]:
     this kind has (the mask embedding) keep their initial values. Returns their names. A missing or
     corrupt checkpoint is a CheckpointError (`load_drafter` is strict)."""
     saved = load_drafter(path)
-    # the drafts it was trained for may differ (a parallel drafter trained on to more depths): the weights still fit
-    if replace(saved.config, draft_tokens=None) != replace(drafter.config, draft_tokens=None):
+    # the drafts it was trained for (or measured best with on a GPU) may differ (a parallel drafter trained on to more
+    # depths): the weights still fit
+    def shape(c: DrafterConfig) -> DrafterConfig:
+        return replace(c, draft_tokens=None, gpu_draft_tokens=None)
+
+    if shape(saved.config) != shape(drafter.config):
         raise ValueError(f"--init-from {path}: its config {asdict(saved.config)} differs from this drafter's "
                          f"{asdict(drafter.config)}")
     theirs, own = saved.state_dict(), drafter.state_dict()

@@ -55,7 +55,7 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
                                              tree_max_streams=tree_max_streams)
             logger.info("drafter %s, %d draft tokens per round%s", type(speculative.drafter).__name__,
                         speculative.num_speculative_tokens, f", a tree of {tree_nodes} nodes" if tree_nodes else "")
-        # a verify runs k + 1 rows a stream (10 drafts: the shipped drafter's on a GPU)
+        # a verify runs k + 1 rows a stream (12 drafts: the shipped drafter's on a GPU)
         step_tokens = step_tokens_for(speculative.num_speculative_tokens if speculative is not None else 0)
         opts = RunnerOptions(max_streams=max_streams, max_batch=max_streams, cuda_graphs=cuda_graphs,
                              encoder_stream=encoder_stream, max_session_seconds=max_session_seconds,

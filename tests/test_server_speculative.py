@@ -28,10 +28,11 @@ from stream_server.engine_factory import build_engine
                                                        (ParallelEagleDrafter, 10, 6)])
 def test_the_drafters_kind_sets_the_default_number_of_drafts(ckpt, tmp_path, cls, trained_for, k):
     """`--num-speculative-tokens` left out: the drafts a drafter's config says it was trained for, at most 6 on the
-    CPU; for a drafter that does not say, 4 if chained, 6 if parallel or two-pass."""
+    CPU; for a drafter that does not say, 4 if chained, 6 if parallel or two-pass. A count its config records for
+    GPUs (`gpu_draft_tokens`, 12 here) does not reach a CPU engine."""
     model, _ = load_model_and_tokenizer(ckpt)
     drafter = echo_drafter(model, cls=cls)
-    drafter.config = dataclasses.replace(drafter.config, draft_tokens=trained_for)
+    drafter.config = dataclasses.replace(drafter.config, draft_tokens=trained_for, gpu_draft_tokens=12)
     save_drafter(drafter, tmp_path / "drafter")
     eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "drafter"))
     assert eng.speculator.k == k

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,7 +12,7 @@ from conftest import synthetic_audio
 
 from realtime.loader import load_model
 from speculative import (DrafterConfig, EagleDrafter, ParallelEagleDrafter, TwoPassEagleDrafter,
-                         default_num_speculative_tokens, load_drafter)
+                         default_num_speculative_tokens, load_drafter, save_drafter)
 from speculative.train import STATE_FILE, TEACHER_FILE, TrainConfig, main, target_fingerprint, train_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -287,9 +288,15 @@ def test_a_parallel_drafter_starts_from_a_chained_drafters_weights(tiny_ckpt, tm
     assert load_drafter(chained).config.draft_tokens is None
     assert load_drafter(par).config.draft_tokens == TrainConfig().unroll
     assert default_num_speculative_tokens(load_drafter(par)) == TrainConfig().unroll
+    assert load_drafter(par).config.gpu_draft_tokens is None  # a benchmark's finding, never training's
     fresh = load_drafter(train_drafter(model, clips, tmp_path / "fresh", TrainConfig(steps=0, parallel=True),
                                        eval_audios=[]).out_dir).state_dict()
     assert not torch.equal(fresh["fc.weight"], a["fc.weight"])  # the copy is what made them equal
+    # a drafter trained for other depths whose config records a GPU count (as the shipped one's) still seeds one
+    measured = load_drafter(par)
+    measured.config = dataclasses.replace(measured.config, draft_tokens=10, gpu_draft_tokens=12)
+    save_drafter(measured, tmp_path / "measured")
+    assert init_from_checkpoint(load_drafter(par), tmp_path / "measured") == []
     two_layers = ParallelEagleDrafter(DrafterConfig.for_target(model.config, num_layers=2))
     with pytest.raises(ValueError, match="differs"):
         init_from_checkpoint(two_layers, chained)
