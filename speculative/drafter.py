@@ -74,7 +74,7 @@ class DrafterConfig:
     # drafts per round a GPU engine makes by default where a benchmark measured a number other than draft_tokens
     # better (a parallel drafter's GPU round costs about the same for any k, and its depths past training still
     # accept some drafts): the shipped drafter, trained for 10, drafts 12 on a GPU (forty-seventh session, H100,
-    # batch 1: mean acceptance length 4.09 at 12 against 3.99 at 10, 931x against 961x real time; docs/benchmarks.md).
+    # batch 1: mean acceptance length 4.09 at 12 against 3.99 at 10, the same speed within run-to-run noise; issue 5).
     # None: draft_tokens. Never used on the CPU, where every verified row costs compute
     gpu_draft_tokens: int | None = None
 

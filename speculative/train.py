@@ -529,7 +529,8 @@ def train_drafter(model: VoxtralRealtime, audios: Sequence[np.ndarray], out_dir:
     sfile = out / STATE_FILE
     if sfile.exists() and not fresh:
         st = torch.load(sfile, weights_only=False)
-        if st["drafter_config"] != asdict(drafter.config) or st["arch"] != type(drafter).__name__:
+        # through from_dict: a state saved before a config field existed gets its default, as a drafter file does
+        if DrafterConfig.from_dict(st["drafter_config"]) != drafter.config or st["arch"] != type(drafter).__name__:
             raise ValueError(f"{sfile} is for a different drafter ({st['arch']} {st['drafter_config']}): "
                              "use --fresh or another --out")
         if st.get("target") != fingerprint:  # a drafter half-trained for other weights under the same path

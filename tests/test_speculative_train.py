@@ -86,6 +86,10 @@ def test_resumed_training_equals_uninterrupted(tiny_ckpt, tmp_path, dropout):
     straight = train_drafter(model, clips, tmp_path / "a", tc, eval_audios=[])
     cut = train_drafter(model, clips, tmp_path / "b", tc, eval_audios=[], stop_after=7)  # e.g. a job's time ran out
     assert cut.steps == 7 and cut.report == {}
+    # a state saved before DrafterConfig had gpu_draft_tokens (forty-sixth session's code) still resumes
+    st = torch.load(tmp_path / "b" / STATE_FILE, weights_only=False)
+    del st["drafter_config"]["gpu_draft_tokens"]
+    torch.save(st, tmp_path / "b" / STATE_FILE)
     resumed = train_drafter(model, clips, tmp_path / "b", tc, eval_audios=[])
     assert resumed.resumed_from == 7 and resumed.steps == 16
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in straight.history]
