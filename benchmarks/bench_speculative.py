@@ -210,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chained-rounds", type=int, default=None,
                     help="SpeculativeConfig.chained_rounds: a lone stream's rounds chained on the device (0: off; "
                          "default: 8 on CUDA, 0 on the CPU)")
+    ap.add_argument("--max-verify-rows", type=int, default=None,
+                    help="SpeculativeConfig.max_verify_rows: the most verify rows a step takes across its streams, "
+                         "drafts cut alike above it (default: 16 on the CPU, no limit on CUDA)")
     ap.add_argument("--compare-host-rounds", action="store_true",
                     help="at batch 1 also time speculation with chained_rounds=0, interleaved with the other two "
                          "modes (the chain's gain over the host path, in the same run)")
@@ -228,13 +231,15 @@ def main(argv: list[str] | None = None) -> int:
         args.k = default_num_speculative_tokens(drafter, args.device)
     spec = SpeculativeConfig(drafter, num_speculative_tokens=args.k, tree_nodes=args.tree_nodes,
                              tree_max_streams=args.tree_max_streams, lookahead_chunk=args.lookahead_chunk,
-                             chained_rounds=args.chained_rounds).on(model.device)
+                             chained_rounds=args.chained_rounds, max_verify_rows=args.max_verify_rows
+                             ).on(model.device)
     host_rounds = dataclasses.replace(spec, chained_rounds=0)
     rate = model.config.audio.sampling_rate
     graphs = not args.no_cuda_graphs
     report: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
                     "target": args.target, "drafter": args.drafter, "k": args.k, "tree_nodes": args.tree_nodes,
                     "tree_max_streams": args.tree_max_streams, "chained_rounds": spec.chained_rounds,
+                    "max_verify_rows": spec.max_verify_rows,
                     "dtype": str(dtype),
                     "cuda_graphs": graphs, "clip_seconds": args.clip_seconds, "offline": {}, "flush": {}}
 

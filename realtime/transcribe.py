@@ -1,8 +1,8 @@
 """Offline transcription of audio files: the transcripts alone on stdout, logs on stderr.
 
     python -m realtime.transcribe [--model DIR|default] FILE... [--delay-ms 480] [--device cpu|cuda] [--dtype fp32]
-        [--drafter DIR|none] [--k K] [--tree-nodes M [--tree-max-streams S]] [--encoder-chunk N] [--batch N]
-        [--srt OUT.srt]
+        [--drafter DIR|none] [--k K] [--tree-nodes M [--tree-max-streams S]] [--max-verify-rows R]
+        [--encoder-chunk N] [--batch N] [--srt OUT.srt]
         [--words OUT.json] [--progress] [--no-cuda-graphs] [--no-encoder-stream] [--reference]
 
 One file: its transcript alone; several: one `FILE<TAB>TRANSCRIPT` line each, in the order given (line breaks in a
@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tree-max-streams", type=int, default=1,
                     help="with --tree-nodes: the tree only in steps where at most this many files draft, the chain "
                          "in the others (default 1)")
+    ap.add_argument("--max-verify-rows", type=int, default=None,
+                    help="with a drafter: the most verify rows a step takes across its files; in busier steps every "
+                         "file drafts fewer, or none (default: 16 on the CPU, no limit on CUDA)")
     ap.add_argument("--batch", type=int, default=16, help="files decoded together (default 16)")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="run the engine's steps eagerly on CUDA")
     ap.add_argument("--no-encoder-stream", action="store_true",
@@ -102,14 +105,16 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--batch must be at least 1, got {args.batch}")
     if args.k is not None and args.k < 1:
         raise ValueError(f"--k must be at least 1, got {args.k}")
+    if args.max_verify_rows is not None and args.max_verify_rows < 1:
+        raise ValueError(f"--max-verify-rows must be at least 1, got {args.max_verify_rows}")
     if args.encoder_chunk is not None and not 1 <= args.encoder_chunk <= MAX_LOOKAHEAD_CHUNK:
         raise ValueError(f"--encoder-chunk must be 1..{MAX_LOOKAHEAD_CHUNK}, got {args.encoder_chunk}")
     if str(args.device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: this machine has no CUDA device (use --device cpu)")
     if args.reference and (args.drafter not in (None, "none") or args.k is not None or args.tree_nodes is not None
-                           or args.progress or args.encoder_chunk is not None):
+                           or args.progress or args.encoder_chunk is not None or args.max_verify_rows is not None):
         raise ValueError("--reference decodes one file at a time in the streaming session: it takes no --drafter, "
-                         "--k, --tree-nodes, --encoder-chunk or --progress")
+                         "--k, --tree-nodes, --encoder-chunk, --max-verify-rows or --progress")
 
 
 def one_line(text: str) -> str:
@@ -162,13 +167,15 @@ def transcribe_files(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: l
     drafter = drafter_for(args)
     if args.tree_nodes is not None and drafter is None:
         raise ValueError("--tree-nodes needs a drafter (a parallel one)")
+    if args.max_verify_rows is not None and drafter is None:
+        raise ValueError("--max-verify-rows needs a drafter")
     if args.encoder_chunk is not None and drafter is not None:
         raise ValueError("--encoder-chunk sets the encoder calls of a run without a drafter; a drafter's look-ahead "
                          "sets its own (--drafter none to use --encoder-chunk)")
     spec, chunk = None, 1
     if drafter is not None:
         spec = speculative_config(model, drafter, k=args.k, tree_nodes=args.tree_nodes,
-                                  tree_max_streams=args.tree_max_streams)
+                                  tree_max_streams=args.tree_max_streams, max_verify_rows=args.max_verify_rows)
         logger.info("drafter %s (%s, k = %d)", drafter, type(spec.drafter).__name__, spec.num_speculative_tokens)
     else:
         chunk = args.encoder_chunk or (CPU_PLAIN_ENCODER_CHUNK if model.device.type == "cpu" else 1)

@@ -24,15 +24,18 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
                  max_session_seconds: float | None = None,
                  kv_memory_fraction: float = 0.9, drafter: str | None = None,
                  num_speculative_tokens: int | None = None, tree_nodes: int | None = None,
-                 tree_max_streams: int | None = 1) -> TranscriptionEngine:
+                 tree_max_streams: int | None = 1, max_verify_rows: int | None = None) -> TranscriptionEngine:
     """Load `model` (a folder or "default") and wrap it in the engine `kind` (not started).
     `num_speculative_tokens` None: the drafter's kind decides (`default_num_speculative_tokens`);
     `tree_nodes`: tree verification of that many draft nodes per round (parallel drafters), in steps
-    where at most `tree_max_streams` streams draft (None: every step)."""
+    where at most `tree_max_streams` streams draft (None: every step); `max_verify_rows`: the most verify rows a
+    step takes across its streams (None: the device's default, 16 on the CPU, no limit on CUDA)."""
     if kind not in ENGINES:
         raise ValueError(f"unknown engine {kind!r} (available: {', '.join(ENGINES)})")
     if tree_nodes is not None and drafter is None:
         raise ValueError("--tree-nodes needs --drafter (a parallel drafter)")
+    if max_verify_rows is not None and drafter is None:
+        raise ValueError("--max-verify-rows needs --drafter")
     torch_dtype = DTYPES[dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
     net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
     logger.info("loaded model %s on %s (%s)", model, device, torch_dtype)
@@ -52,7 +55,7 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
             from realtime.engine.offline import speculative_config
 
             speculative = speculative_config(net, drafter, k=num_speculative_tokens, tree_nodes=tree_nodes,
-                                             tree_max_streams=tree_max_streams)
+                                             tree_max_streams=tree_max_streams, max_verify_rows=max_verify_rows)
             logger.info("drafter %s, %d draft tokens per round%s", type(speculative.drafter).__name__,
                         speculative.num_speculative_tokens, f", a tree of {tree_nodes} nodes" if tree_nodes else "")
         # a verify runs k + 1 rows a stream (12 drafts: the shipped drafter's on a GPU)

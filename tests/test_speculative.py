@@ -378,6 +378,52 @@ def test_offline_batch_equals_sessions(target, drafter_kind, k):
         assert run.steps < plain.steps  # accepted drafts save steps
 
 
+def test_verify_rows_cap_cuts_the_drafts_of_crowded_steps_and_stays_lossless(target, trained_parallel, monkeypatch):
+    """`max_verify_rows`: a step with more verify rows than the cap cuts every stream's drafts to cap // streams - 1,
+    to none below MIN_CUT_DRAFTS (on the 2-core CPU 64 files decoded 2.35x faster with none than with 6 each); the
+    tokens are the reference's either way. The CPU's default is CPU_MAX_VERIFY_ROWS (at least k + 1, so a lone
+    stream drafts all k); elsewhere there is no cap unless given. Bad caps are refused."""
+    from realtime.engine.speculation import CPU_MAX_VERIFY_ROWS, MIN_CUT_DRAFTS
+
+    model, tok = target
+    assert SpeculativeConfig(trained_parallel, 6).on(torch.device("cpu")).max_verify_rows == CPU_MAX_VERIFY_ROWS == 16
+    assert SpeculativeConfig(trained_parallel, 20).on(torch.device("cpu")).max_verify_rows == 21
+    assert SpeculativeConfig(trained_parallel, 6).on(torch.device("cuda")).max_verify_rows is None
+    assert SpeculativeConfig(trained_parallel, 6, max_verify_rows=40).on(torch.device("cpu")).max_verify_rows == 40
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="max_verify_rows must be an integer >= 1 or None"):
+            BatchedEngine(model, tok, opts=RunnerOptions(max_streams=2, max_batch=2, cuda_graphs=False),
+                          speculative=SpeculativeConfig(trained_parallel, 4, max_verify_rows=bad))
+    seen: list[tuple[int, list[int]]] = []
+    layout = Speculator._layout
+
+    def spy(self, streams):
+        out = layout(self, streams)
+        seen.append((len(streams), list(out[0].k_s)))
+        return out
+
+    monkeypatch.setattr(Speculator, "_layout", spy)
+    clips = [SEEN[2], UNSEEN[2], SEEN[0][:30000], UNSEEN[0][:14000]]  # 4 streams in a step, then fewer
+    opts = RunnerOptions(max_streams=4, max_batch=4, cuda_graphs=False)
+    full: dict[int, int] = {}  # streams in a step -> the most verify rows such a step took without a cap
+    for cap in (10**6, 16, 9):
+        seen.clear()
+        run = transcribe_batch(model, tok, clips, opts=opts, speculative=SpeculativeConfig(trained_parallel, 6,
+                                                                                            max_verify_rows=cap))
+        assert [r.token_ids for r in run.results] == [reference(model, tok, c) for c in clips]
+        for n, k_s in seen:
+            rows = n + sum(k_s)
+            if cap == 10**6:
+                full[n] = max(full.get(n, 0), rows)
+                continue
+            assert rows <= cap, (cap, n, k_s)
+        if cap == 10**6:
+            assert full[4] == 4 * 7 and full[1] == 7  # without a cap: 6 drafts each, 4 streams at once
+        else:  # the cap is what held the 4-stream steps: 16 // 4 - 1 = 3 drafts each; 9 // 4 - 1 = 1, so none
+            assert max(max(k_s) for n, k_s in seen if n == 4) == (3 if cap == 16 else 0)
+    assert 9 // 4 - 1 < MIN_CUT_DRAFTS <= 16 // 4 - 1
+
+
 @pytest.mark.parametrize(("cls", "tree_nodes"), [(EagleDrafter, None), (ParallelEagleDrafter, None),
                                                  (TwoPassEagleDrafter, None), (ParallelEagleDrafter, 7)])
 def test_small_windows_rings_with_speculation(tiny_ckpt, cls, tree_nodes):
@@ -706,7 +752,9 @@ def test_transcribe_cli_decodes_files_on_the_engine(target, tiny_ckpt, tmp_path,
             "--batch", "1"], "k 3, batch 2": ["--drafter", drafter, "--k", "3", "--batch", "2"],
             "reference": ["--reference"], "none": ["--drafter", "none", "--batch", "2"],
             "none, one-token encoder calls": ["--drafter", "none", "--encoder-chunk", "1"],
-            "none, 8-token encoder calls, batch 1": ["--drafter", "none", "--encoder-chunk", "8", "--batch", "1"]}
+            "none, 8-token encoder calls, batch 1": ["--drafter", "none", "--encoder-chunk", "8", "--batch", "1"],
+            "k 3, 4 verify rows": ["--drafter", drafter, "--k", "3", "--max-verify-rows", "4"]}
+    caplog.set_level(logging.INFO, logger="realtime.engine.speculation")
     plain = {"no drafter": 32, "none": 32, "none, one-token encoder calls": 1,
              "none, 8-token encoder calls, batch 1": 8}
     for name, extra in runs.items():
@@ -723,6 +771,11 @@ def test_transcribe_cli_decodes_files_on_the_engine(target, tiny_ckpt, tmp_path,
             assert spec[0].startswith("speculation (k = 6, tree of 5 nodes)")
         if name == "k 3, batch 2":
             assert spec[0].startswith("speculation (k = 3)")
+        on = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speculation on:")]
+        if name == "k 3, 4 verify rows":  # the CPU's default is 16 (CPU_MAX_VERIFY_ROWS)
+            assert on and all(m.endswith("verify rows a step at most 4") for m in on), on
+        elif name == "drafter":
+            assert on and all(m.endswith("verify rows a step at most 16") for m in on), on
     assert main(["--model", ckpt, "--device", "cpu", "--drafter", drafter, files[1]]) == 0
     assert capsys.readouterr().out == expected[1].strip() + "\n"
     # --progress: lines on stderr that end with everything decoded; stdout unchanged
@@ -778,8 +831,12 @@ def test_transcribe_cli_refuses_bad_arguments_with_a_message(target, tiny_ckpt, 
     cases = [
         ([a, b, "--words", str(tmp_path / "w.json")], "--srt and --words take one input file"),
         ([a, "--reference", "--drafter", str(tmp_path / "chain")], "--reference decodes one file at a time"),
-        ([a, "--reference", "--progress"], "it takes no --drafter, --k, --tree-nodes, --encoder-chunk or --progress"),
+        ([a, "--reference", "--progress"],
+         "it takes no --drafter, --k, --tree-nodes, --encoder-chunk, --max-verify-rows or --progress"),
         ([a, "--reference", "--encoder-chunk", "8"], "--reference decodes one file at a time"),
+        ([a, "--reference", "--max-verify-rows", "8"], "--reference decodes one file at a time"),
+        ([a, "--drafter", str(tmp_path / "chain"), "--max-verify-rows", "0"], "--max-verify-rows must be at least 1"),
+        ([a, "--drafter", "none", "--max-verify-rows", "8"], "--max-verify-rows needs a drafter"),
         ([a, "--drafter", "none", "--encoder-chunk", "0"], "--encoder-chunk must be 1..32, got 0"),
         ([a, "--drafter", "none", "--encoder-chunk", "33"], "--encoder-chunk must be 1..32, got 33"),
         ([a, "--drafter", str(tmp_path / "chain"), "--encoder-chunk", "8"], "a drafter's look-ahead sets its own"),

@@ -117,10 +117,12 @@ def transcribe_batch(model: VoxtralRealtime, tokenizer: TextTokenizer, audios: S
 
 
 def speculative_config(model: VoxtralRealtime, drafter_dir: str | Path, *, k: int | None = None,
-                       tree_nodes: int | None = None, tree_max_streams: int | None = 1) -> SpeculativeConfig:
+                       tree_nodes: int | None = None, tree_max_streams: int | None = 1,
+                       max_verify_rows: int | None = None) -> SpeculativeConfig:
     """Load the drafter in `drafter_dir` for `model` (on its device, in its dtype) and configure speculation: `k`
     drafts per round (None: the drafter's default on this device), optionally a tree of `tree_nodes` drafts in steps
-    where at most `tree_max_streams` streams draft."""
+    where at most `tree_max_streams` streams draft; `max_verify_rows` caps a step's verify rows (None: the device's
+    default, `SpeculativeConfig.max_verify_rows`)."""
     from speculative.capability import default_num_speculative_tokens
     from speculative.drafter import load_drafter
 
@@ -128,7 +130,8 @@ def speculative_config(model: VoxtralRealtime, drafter_dir: str | Path, *, k: in
                            device=model.device, dtype=model.dtype)
     k = default_num_speculative_tokens(drafter, model.device) if k is None else k
     return SpeculativeConfig(drafter, num_speculative_tokens=k, tree_nodes=tree_nodes,
-                             tree_max_streams=tree_max_streams if tree_nodes else None)
+                             tree_max_streams=tree_max_streams if tree_nodes else None,
+                             max_verify_rows=max_verify_rows)
 
 
 # a drafter-less offline run's audio tokens per encoder call on the CPU: the 5 held-out clips (20 s each, fp32, batch 1)

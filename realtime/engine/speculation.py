@@ -125,19 +125,43 @@ class SpeculativeConfig:
     # elsewhere: on the CPU the host waits for no device, so a chain gains nothing there, and it would hold the
     # engine for several rounds (tens of ms each) before a new stream's first step
     chained_rounds: int | None = None
+    # the most LM rows a step verifies across its streams (a stream's own row and its drafts): in a step with more,
+    # every stream's drafts are cut to max_verify_rows // streams - 1, or to none (a plain row) below
+    # MIN_CUT_DRAFTS. Where a step's cost grows with its rows, drafts past that buy fewer tokens than their rows
+    # cost: on the 2-core CPU 64 files at once decoded at 33.5x real time with 6 drafts a stream and 78.8x with none
+    # (CPU_MAX_VERIFY_ROWS). Lossless either way. None (`on`): CPU_MAX_VERIFY_ROWS on the CPU (at least k + 1, so
+    # a lone stream drafts all k), no limit elsewhere (not measured on a GPU yet)
+    max_verify_rows: int | None = None
 
     def on(self, device: torch.device) -> SpeculativeConfig:
-        """This configuration for an engine on `device`: `chained_rounds` (None: 8 on CUDA, else 0) and
-        `lookahead_chunk` (None: MAX_LOOKAHEAD_CHUNK on CUDA, else left to `chunk`) decided."""
+        """This configuration for an engine on `device`: `chained_rounds` (None: 8 on CUDA, else 0),
+        `lookahead_chunk` (None: MAX_LOOKAHEAD_CHUNK on CUDA, else left to `chunk`) and `max_verify_rows` (None:
+        CPU_MAX_VERIFY_ROWS on the CPU, else no limit) decided."""
         cuda = device.type == "cuda"
         chained = self.chained_rounds if self.chained_rounds is not None else (8 if cuda else 0)
         chunk = self.lookahead_chunk if self.lookahead_chunk is not None or not cuda else MAX_LOOKAHEAD_CHUNK
-        return replace(self, chained_rounds=chained, lookahead_chunk=chunk)
+        rows = self.max_verify_rows
+        if rows is None and device.type == "cpu":
+            rows = max(CPU_MAX_VERIFY_ROWS, self.num_speculative_tokens + 1)
+        return replace(self, chained_rounds=chained, lookahead_chunk=chunk, max_verify_rows=rows)
 
     def chunk(self, opts: RunnerOptions) -> int:
         if self.lookahead_chunk is None:
             return chunk_sizes(opts.max_step_tokens)[0]
         return chunk_sizes(self.lookahead_chunk)[0]  # 1..MAX_LOOKAHEAD_CHUNK (`runner_options_for` checks)
+
+
+# the CPU's max_verify_rows (SpeculativeConfig). The 2-core box, fp32, the shipped drafter (k = 6), 20 s held-out clips,
+# one run each (forty-seventh session; docs/benchmarks.md, issue 5), in x real time:
+#   streams           1 draft   3 drafts   6 drafts   no drafts (the look-ahead encoder alone)
+#   4                           37.1       32.9-34.1  29.1
+#   8                 44.4      49.6                  51.1
+#   16                                     52.9       59.8-62.5
+#   64                                     33.5       78.8
+# so about 16 rows a step, and at a batch of 1 the 7 rows of k = 6 (its best k there) are within it
+CPU_MAX_VERIFY_ROWS = 16
+# fewer drafts than this a stream, where the cap cuts them, cost a drafter pass for little: none instead (above)
+MIN_CUT_DRAFTS = 2
 
 
 def step_tokens_for(k: int) -> int:
@@ -175,6 +199,9 @@ def runner_options_for(opts: RunnerOptions, cfg: SpeculativeConfig) -> RunnerOpt
         raise ValueError(f"lookahead_chunk must be an integer in 1..{MAX_LOOKAHEAD_CHUNK} or None, got {c!r}")
     if cfg.min_buffered_tokens < 2:
         raise ValueError(f"min_buffered_tokens must be >= 2, got {cfg.min_buffered_tokens}")
+    v = cfg.max_verify_rows
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise ValueError(f"max_verify_rows must be an integer >= 1 or None, got {v!r}")
     need = 3 * k + 1 + cfg.chunk(opts)
     r = cfg.chained_rounds
     if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):
@@ -423,9 +450,10 @@ class Speculator:
             self._capture()
         self.chained = ChainedRounds(self, cfg.chained_rounds) if chains_rounds(cfg) else None
         logger.info("speculation on: k=%d, drafter %s (%s), encoder look-ahead chunk %d, audio ring %d, "
-                    "drafter KV %.1f MiB/stream", k, type(d).__name__,
+                    "drafter KV %.1f MiB/stream, verify rows a step %s", k, type(d).__name__,
                     "audio + text" if self.drafter_audio else "text only", self.chunk, self.C,
-                    self.kv_bytes_per_stream / 2**20)
+                    self.kv_bytes_per_stream / 2**20,
+                    "unlimited" if cfg.max_verify_rows is None else f"at most {cfg.max_verify_rows}")
 
     # -- graph-capturable forwards over the persistent buffers -------------------------------------
     def _gather_audio(self, rows: torch.Tensor) -> torch.Tensor:
@@ -659,6 +687,11 @@ class Speculator:
                 # nothing, not from the last prompt position either, so that drafting starts at
                 # position prompt_len, where it started after an eager prefill
                 k_s[s.stream_id] = 0
+        cap = self.cfg.max_verify_rows
+        if cap is not None and len(streams) + sum(k_s.values()) > cap:
+            per = cap // len(streams) - 1  # every stream's drafts cut alike (the first ones are likeliest)
+            per = per if per >= MIN_CUT_DRAFTS else 0
+            k_s = {sid: min(n, per) for sid, n in k_s.items()}
         order = sorted(streams, key=lambda s: -k_s[s.stream_id])  # drafting streams first
         plan = _Plan(order, [k_s[s.stream_id] for s in order], [s.lm_pos for s in order], [], 0)
         n_draft = sum(1 for x in plan.k_s if x > 0)
