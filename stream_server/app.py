@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-verify-rows", type=_positive_int, default=None,
                    help="with --drafter: the most verify rows a step takes across its streams; in busier steps "
                         "every stream drafts fewer, or none (default: 16 on the CPU, where 64 uploads at once "
-                        "decoded 2.35x faster with none than with 6 drafts each; no limit on CUDA)")
+                        "decoded 2.4x faster with it than with 6 drafts each; no limit on CUDA)")
     p.add_argument("--max-session-seconds", type=_nonneg_float, default=0.0,
                    help="end sessions at this length (0: unlimited; a bound lets more streams fit in KV memory)")
     p.add_argument("--served-model-name", nargs="+", default=None,

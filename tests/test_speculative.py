@@ -380,7 +380,7 @@ def test_offline_batch_equals_sessions(target, drafter_kind, k):
 
 def test_verify_rows_cap_cuts_the_drafts_of_crowded_steps_and_stays_lossless(target, trained_parallel, monkeypatch):
     """`max_verify_rows`: a step with more verify rows than the cap cuts every stream's drafts to cap // streams - 1,
-    to none below MIN_CUT_DRAFTS (on the 2-core CPU 64 files decoded 2.35x faster with none than with 6 each); the
+    to none below MIN_CUT_DRAFTS (on the 2-core CPU 64 files decoded 2.43x faster with the cap than with 6 each); the
     tokens are the reference's either way. The CPU's default is CPU_MAX_VERIFY_ROWS (at least k + 1, so a lone
     stream drafts all k); elsewhere there is no cap unless given. Bad caps are refused."""
     from realtime.engine.speculation import CPU_MAX_VERIFY_ROWS, MIN_CUT_DRAFTS

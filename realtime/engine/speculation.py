@@ -125,12 +125,13 @@ class SpeculativeConfig:
     # elsewhere: on the CPU the host waits for no device, so a chain gains nothing there, and it would hold the
     # engine for several rounds (tens of ms each) before a new stream's first step
     chained_rounds: int | None = None
-    # the most LM rows a step verifies across its streams (a stream's own row and its drafts): in a step with more,
-    # every stream's drafts are cut to max_verify_rows // streams - 1, or to none (a plain row) below
-    # MIN_CUT_DRAFTS. Where a step's cost grows with its rows, drafts past that buy fewer tokens than their rows
-    # cost: on the 2-core CPU 64 files at once decoded at 33.5x real time with 6 drafts a stream and 78.8x with none
-    # (CPU_MAX_VERIFY_ROWS). Lossless either way. None (`on`): CPU_MAX_VERIFY_ROWS on the CPU (at least k + 1, so
-    # a lone stream drafts all k), no limit elsewhere (not measured on a GPU yet)
+    # the most LM rows a step verifies across its streams (a stream's own row and its chain of drafts; a tree's
+    # other nodes are not counted): in a step with more, every stream's drafts are cut to
+    # max_verify_rows // streams - 1, or to none (a plain row) below MIN_CUT_DRAFTS. Where a step's cost grows with
+    # its rows, drafts past that buy fewer tokens than their rows cost: on the 2-core CPU 64 files at once decoded
+    # at 32.2x real time with 6 drafts a stream and 78.2x with the cap (CPU_MAX_VERIFY_ROWS). Lossless either way.
+    # None (`on`): CPU_MAX_VERIFY_ROWS on the CPU (at least k + 1, so a lone stream drafts all k), no limit
+    # elsewhere (not measured on a GPU yet)
     max_verify_rows: int | None = None
 
     def on(self, device: torch.device) -> SpeculativeConfig:
