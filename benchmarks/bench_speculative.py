@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                          "default: 8 on CUDA, 0 on the CPU)")
     ap.add_argument("--max-verify-rows", type=int, default=None,
                     help="SpeculativeConfig.max_verify_rows: the most verify rows a step takes across its streams, "
-                         "drafts cut alike above it (default: 16 on the CPU, no limit on CUDA)")
+                         "drafts cut alike above it (default: 32 on the CPU, no limit on CUDA)")
     ap.add_argument("--compare-host-rounds", action="store_true",
                     help="at batch 1 also time speculation with chained_rounds=0, interleaved with the other two "
                          "modes (the chain's gain over the host path, in the same run)")

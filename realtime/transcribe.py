@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "in the others (default 1)")
     ap.add_argument("--max-verify-rows", type=int, default=None,
                     help="with a drafter: the most verify rows a step takes across its files; in busier steps every "
-                         "file drafts fewer, or none (default: 16 on the CPU, no limit on CUDA)")
+                         "file drafts fewer, or none (default: 32 on the CPU, no limit on CUDA)")
     ap.add_argument("--batch", type=int, default=16, help="files decoded together (default 16)")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="run the engine's steps eagerly on CUDA")
     ap.add_argument("--no-encoder-stream", action="store_true",

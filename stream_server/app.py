@@ -95,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the chain in busier steps (default 1: a tree paid at batch 1, not at 16 or 64)")
     p.add_argument("--max-verify-rows", type=_positive_int, default=None,
                    help="with --drafter: the most verify rows a step takes across its streams; in busier steps "
-                        "every stream drafts fewer, or none (default: 16 on the CPU, where 64 uploads at once "
-                        "decoded 2.4x faster with it than with 6 drafts each; no limit on CUDA)")
+                        "every stream drafts fewer, or none (default: 32 on the CPU, where 64 uploads at once "
+                        "decoded 2.4x faster with a cap than with 6 drafts each; no limit on CUDA)")
     p.add_argument("--max-session-seconds", type=_nonneg_float, default=0.0,
                    help="end sessions at this length (0: unlimited; a bound lets more streams fit in KV memory)")
     p.add_argument("--served-model-name", nargs="+", default=None,

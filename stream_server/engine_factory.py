@@ -29,7 +29,7 @@ def build_engine(kind: str, model: str, *, model_name: str, device: str = "cpu",
     `num_speculative_tokens` None: the drafter's kind decides (`default_num_speculative_tokens`);
     `tree_nodes`: tree verification of that many draft nodes per round (parallel drafters), in steps
     where at most `tree_max_streams` streams draft (None: every step); `max_verify_rows`: the most verify rows a
-    step takes across its streams (None: the device's default, 16 on the CPU, no limit on CUDA)."""
+    step takes across its streams (None: the device's default, 32 on the CPU, no limit on CUDA)."""
     if kind not in ENGINES:
         raise ValueError(f"unknown engine {kind!r} (available: {', '.join(ENGINES)})")
     if tree_nodes is not None and drafter is None:

@@ -72,14 +72,14 @@ def test_tree_verification_settings_in_the_engine_factory(ckpt, tmp_path):
 
 
 def test_verify_rows_cap_in_the_engine_factory(ckpt, tmp_path):
-    """`--max-verify-rows R`: the engine's cap on a step's verify rows (default 16 on the CPU); refused without a
+    """`--max-verify-rows R`: the engine's cap on a step's verify rows (default 32 on the CPU); refused without a
     drafter, and a cap below 1 is refused by the command line before the service starts."""
     from stream_server.app import build_parser
 
     model, _ = load_model_and_tokenizer(ckpt)
     save_drafter(echo_drafter(model, cls=ParallelEagleDrafter), tmp_path / "parallel")
     eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "parallel"))
-    assert eng.speculator.cfg.max_verify_rows == 16
+    assert eng.speculator.cfg.max_verify_rows == 32
     eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=2, drafter=str(tmp_path / "parallel"),
                        max_verify_rows=40)
     assert eng.speculator.cfg.max_verify_rows == 40

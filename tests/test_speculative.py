@@ -386,8 +386,8 @@ def test_verify_rows_cap_cuts_the_drafts_of_crowded_steps_and_stays_lossless(tar
     from realtime.engine.speculation import CPU_MAX_VERIFY_ROWS, MIN_CUT_DRAFTS
 
     model, tok = target
-    assert SpeculativeConfig(trained_parallel, 6).on(torch.device("cpu")).max_verify_rows == CPU_MAX_VERIFY_ROWS == 16
-    assert SpeculativeConfig(trained_parallel, 20).on(torch.device("cpu")).max_verify_rows == 21
+    assert SpeculativeConfig(trained_parallel, 6).on(torch.device("cpu")).max_verify_rows == CPU_MAX_VERIFY_ROWS == 32
+    assert SpeculativeConfig(trained_parallel, 40).on(torch.device("cpu")).max_verify_rows == 41
     assert SpeculativeConfig(trained_parallel, 6).on(torch.device("cuda")).max_verify_rows is None
     assert SpeculativeConfig(trained_parallel, 6, max_verify_rows=40).on(torch.device("cpu")).max_verify_rows == 40
     for bad in (0, -1, True, 2.5):
@@ -406,7 +406,7 @@ def test_verify_rows_cap_cuts_the_drafts_of_crowded_steps_and_stays_lossless(tar
     clips = [SEEN[2], UNSEEN[2], SEEN[0][:30000], UNSEEN[0][:14000]]  # 4 streams in a step, then fewer
     opts = RunnerOptions(max_streams=4, max_batch=4, cuda_graphs=False)
     full: dict[int, int] = {}  # streams in a step -> the most verify rows such a step took without a cap
-    for cap in (10**6, 16, 9):
+    for cap in (10**6, 16, 12):
         seen.clear()
         run = transcribe_batch(model, tok, clips, opts=opts, speculative=SpeculativeConfig(trained_parallel, 6,
                                                                                             max_verify_rows=cap))
@@ -419,9 +419,9 @@ def test_verify_rows_cap_cuts_the_drafts_of_crowded_steps_and_stays_lossless(tar
             assert rows <= cap, (cap, n, k_s)
         if cap == 10**6:
             assert full[4] == 4 * 7 and full[1] == 7  # without a cap: 6 drafts each, 4 streams at once
-        else:  # the cap is what held the 4-stream steps: 16 // 4 - 1 = 3 drafts each; 9 // 4 - 1 = 1, so none
+        else:  # the cap is what held the 4-stream steps: 16 // 4 - 1 = 3 drafts each; 12 // 4 - 1 = 2, so none
             assert max(max(k_s) for n, k_s in seen if n == 4) == (3 if cap == 16 else 0)
-    assert 9 // 4 - 1 < MIN_CUT_DRAFTS <= 16 // 4 - 1
+    assert 12 // 4 - 1 < MIN_CUT_DRAFTS <= 16 // 4 - 1
 
 
 @pytest.mark.parametrize(("cls", "tree_nodes"), [(EagleDrafter, None), (ParallelEagleDrafter, None),
@@ -772,10 +772,10 @@ def test_transcribe_cli_decodes_files_on_the_engine(target, tiny_ckpt, tmp_path,
         if name == "k 3, batch 2":
             assert spec[0].startswith("speculation (k = 3)")
         on = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speculation on:")]
-        if name == "k 3, 4 verify rows":  # the CPU's default is 16 (CPU_MAX_VERIFY_ROWS)
+        if name == "k 3, 4 verify rows":  # the CPU's default is 32 (CPU_MAX_VERIFY_ROWS)
             assert on and all(m.endswith("verify rows a step at most 4") for m in on), on
         elif name == "drafter":
-            assert on and all(m.endswith("verify rows a step at most 16") for m in on), on
+            assert on and all(m.endswith("verify rows a step at most 32") for m in on), on
     assert main(["--model", ckpt, "--device", "cpu", "--drafter", drafter, files[1]]) == 0
     assert capsys.readouterr().out == expected[1].strip() + "\n"
     # --progress: lines on stderr that end with everything decoded; stdout unchanged

@@ -152,17 +152,18 @@ class SpeculativeConfig:
         return chunk_sizes(self.lookahead_chunk)[0]  # 1..MAX_LOOKAHEAD_CHUNK (`runner_options_for` checks)
 
 
-# the CPU's max_verify_rows (SpeculativeConfig). The 2-core box, fp32, the shipped drafter (k = 6), 20 s held-out clips,
-# one run each (forty-seventh session; docs/benchmarks.md, issue 5), in x real time:
-#   streams           1 draft   3 drafts   6 drafts   no drafts (the look-ahead encoder alone)
-#   4                           37.1       32.9-34.1  29.1
-#   8                 44.4      49.6                  51.1
-#   16                                     52.9       59.8-62.5
-#   64                                     33.5       78.8
-# so about 16 rows a step, and at a batch of 1 the 7 rows of k = 6 (its best k there) are within it
-CPU_MAX_VERIFY_ROWS = 16
-# fewer drafts than this a stream, where the cap cuts them, cost a drafter pass for little: none instead (above)
-MIN_CUT_DRAFTS = 2
+# the CPU's max_verify_rows (SpeculativeConfig). The 2-core box, fp32, the shipped drafter (k = 6), forty-seventh
+# session (docs/benchmarks.md, issue 5), in x real time. bench_speculative.py, 20 s held-out clips, one run each:
+#   streams           1 draft   2 drafts   3 drafts   6 drafts   no drafts (the look-ahead encoder alone)
+#   8                 44.4                 49.6       40.9       51.1
+#   16                          50.9                  51.2-52.9  59.8-66.7
+#   32                          34.5
+#   64                                                32.2-33.5  78.2-78.8
+# and `realtime.transcribe` on 5 files of 50 s (3 alternating runs): 6 drafts (no cap) 46.4 / 48.9, at most 2 (a cap
+# of 16) 42.1 / 44.3. So no cut up to 4 streams (28 rows), 5 drafts at 5, 3 at 7-8 and none from 9 streams on
+CPU_MAX_VERIFY_ROWS = 32
+# fewer drafts than this a stream, where the cap cuts them, cost a drafter pass for little (1 or 2 above): none instead
+MIN_CUT_DRAFTS = 3
 
 
 def step_tokens_for(k: int) -> int:
