@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from realtime.train.presynth import SUFFIX, main, pack_shard, select_training_voices, unpack, unpack_shard
+from realtime.train.presynth import (SUFFIX, main, pack_shard, read_packed_audio, select_training_voices, unpack,
+                                     unpack_shard)
 from realtime.train.synth import RATE, RawShard
 
 pytest.importorskip("soundfile")
@@ -71,6 +72,10 @@ def test_unpack_folder_and_refuse_mismatched_audio(tmp_path):
     np.savez(packed / f"bad{SUFFIX}", **fields)
     with pytest.raises(ValueError, match="decoded .* samples, the offsets say"):
         unpack_shard(packed / f"bad{SUFFIX}", out)
+    with pytest.raises(ValueError, match="decoded .* samples, the offsets say"):  # what speculative.train reads
+        read_packed_audio(packed / f"bad{SUFFIX}")
+    audio, meta = read_packed_audio(packed / f"pre-0{SUFFIX}")
+    assert audio.dtype == np.float32 and audio.size == int(fields["offsets"][-1]) - 160 and meta["split"]
 
 
 def test_held_out_voices_are_never_packed(tmp_path):

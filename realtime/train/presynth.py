@@ -97,13 +97,19 @@ def _meta(z: np.lib.npyio.NpzFile) -> dict:
     return json.loads(z["meta"].tobytes().decode())
 
 
+def _audio(z: np.lib.npyio.NpzFile, src: Path) -> np.ndarray:
+    """A packed shard's int16 audio, checked against its utterance offsets."""
+    audio = decode_opus(z["opus"].tobytes())
+    if audio.size != int(z["offsets"][-1]):  # Opus keeps the sample count; never trust a shifted shard
+        raise ValueError(f"{src.name}: decoded {audio.size} samples, the offsets say {int(z['offsets'][-1])}")
+    return audio
+
+
 def read_packed_audio(src: Path) -> tuple[np.ndarray, dict]:
     """A packed shard's audio as float32 in [-1, 1) at `RATE`, and its voice, speaker, split and texts: its
     utterances back to back, one voice (what `speculative.train` distils a drafter on)."""
     with np.load(src) as z:
-        meta = _meta(z)
-        audio = decode_opus(z["opus"].tobytes())
-    return audio.astype(np.float32) / 32768.0, meta
+        return _audio(z, src).astype(np.float32) / 32768.0, _meta(z)
 
 
 def unpack_shard(src: Path, dst_dir: Path) -> float:
@@ -111,9 +117,7 @@ def unpack_shard(src: Path, dst_dir: Path) -> float:
     with np.load(src) as z:
         meta = _meta(z)
         raw = RawShard(meta["voice"], meta["speaker"], meta["split"], meta["texts"],
-                       decode_opus(z["opus"].tobytes()), z["offsets"], z["word_times"], z["word_offsets"])
-    if raw.audio.size != int(raw.offsets[-1]):  # Opus keeps the sample count; never trust a shifted shard
-        raise ValueError(f"{src.name}: decoded {raw.audio.size} samples, the offsets say {int(raw.offsets[-1])}")
+                       _audio(z, src), z["offsets"], z["word_times"], z["word_offsets"])
     raw.save(dst_dir / (src.name[: -len(SUFFIX)] + ".npz"))
     return raw.audio.size / RATE
 
