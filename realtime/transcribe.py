@@ -68,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Eagle drafter folder for lossless speculative decoding, or 'none' (default: on the CPU the "
                          "embedded drafter with the embedded model; none on CUDA and with other checkpoints)")
     ap.add_argument("--k", type=int, default=None,
-                    help="drafts per round (default: the drafts the drafter was trained for, at most 6 on the CPU; "
-                         "6 for older parallel or two-pass drafters, 4 for chained ones)")
+                    help="drafts per round (default: on a GPU the count the drafter's config records for GPUs, else "
+                         "the drafts it was trained for; on the CPU the latter, at most 6; 6 for older parallel or "
+                         "two-pass drafters, 4 for chained ones)")
     ap.add_argument("--encoder-chunk", type=int, default=None,
                     help="without a drafter: audio tokens a step encodes per call from a file's buffered audio, 1..32 "
                          "(default: 32 on the CPU, where it decoded 2.6x faster with the same tokens; 1 on CUDA, not "

@@ -665,7 +665,6 @@ def load_training_audio(path: str, rate: int) -> np.ndarray:
 
     if not path.endswith(SUFFIX):
         return load_audio_file(path, rate)
-
     if rate != RATE:
         raise ValueError(f"{path}: packed shards are {RATE} Hz audio, the target reads {rate} Hz")
     try:

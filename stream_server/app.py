@@ -85,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", default=None,
                    help="Eagle drafter folder (speculative/): verify several frames per step when audio is backlogged")
     p.add_argument("--num-speculative-tokens", type=_positive_int, default=None,
-                   help="drafts per stream per step (default: the drafts the drafter was trained for, at most 6 on "
-                        "the CPU; 6 for older parallel or two-pass drafters, 4 for chained ones)")
+                   help="drafts per stream per step (default: on a GPU the count the drafter's config records for "
+                        "GPUs, else the drafts it was trained for; on the CPU the latter, at most 6; 6 for older "
+                        "parallel or two-pass drafters, 4 for chained ones)")
     p.add_argument("--tree-nodes", type=_positive_int, default=None,
                    help="verify a tree of this many drafts per round instead of one chain (parallel drafters; "
                         "more tokens accepted per round, a little more work per round)")
