@@ -19,6 +19,12 @@ changes, nothing shared with other engines):
 
     python benchmarks/host_phases.py --target models/default --drafter models/default_drafter \
         --audio .bench_audio/* --clip-seconds 45 --modes plain chain host-chain 16 --out host_phases.json
+
+`--batch N` decodes N streams at once (the clips repeated in turn) instead of one clip at a time, `--layout` (or a
+mode's `@LAYOUT`) picks how a step's rows are laid out on the host, and `--max-verify-rows R` caps a step's verify
+rows (`SpeculativeConfig.max_verify_rows`; R < 3 N drafts nothing): the host's share of a many-stream step, which is
+the same Python on any device (forty-eighth session: on one H100 64 streams with nothing drafted ran at half the
+plain engine's speed).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from speculative.drafter import load_drafter
 
 log = logging.getLogger("host_phases")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_AT_ONCE_FROM = {"auto": None, "per-stream": 10**9, "at-once": 1}  # --layout -> Speculator.at_once_from
 
 
 class PhaseClock:
@@ -88,22 +95,27 @@ def instrument(eng: BatchedEngine) -> PhaseClock:
     return clock
 
 
-def run_mode(model, tok, clip, mode: str, drafter, k: int, graphs: bool) -> dict:
+def run_mode(model, tok, clips: list, mode: str, drafter, k: int, graphs: bool,
+             max_verify_rows: int | None = None, at_once_from: int | None = None) -> dict:
+    """One offline run of `clips` decoded together in `mode`; phases in microseconds a step."""
     spec = None
     if mode != "plain":
         # "chain": the chain of drafts, its rounds chained on the device where they can be (chained_rounds=8, the
         # default on CUDA); "host-chain": every round through the host (chained_rounds=0); a number: a tree
         spec = SpeculativeConfig(drafter, num_speculative_tokens=k,
                                  tree_nodes=None if mode in ("chain", "host-chain") else int(mode),
-                                 chained_rounds=0 if mode == "host-chain" else 8)
-    opts = RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=graphs, max_step_tokens=step_tokens_for(k))
+                                 chained_rounds=0 if mode == "host-chain" else 8, max_verify_rows=max_verify_rows)
+    n = len(clips)
+    opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=graphs, max_step_tokens=step_tokens_for(k))
     eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
-    run_engine_offline(eng, [clip[: 3 * model.config.audio.sampling_rate]])  # warm-up (first shapes)
+    if eng.speculator is not None and at_once_from is not None:
+        eng.speculator.at_once_from = at_once_from
+    run_engine_offline(eng, [c[: 3 * model.config.audio.sampling_rate] for c in clips])  # warm-up (first shapes)
     clock = instrument(eng)
     m0 = (eng.speculator.metrics.rounds, eng.speculator.metrics.accepted) if eng.speculator is not None else None
     if model.device.type == "cuda":
         torch.cuda.synchronize()
-    run = run_engine_offline(eng, [clip])
+    run = run_engine_offline(eng, clips)
     per = {name: 1e6 * s / run.steps for name, s in clock.seconds.items()}
     inner = [n for n in ("plan", "encode", "look_ahead", "layout", "launch", "look_ahead_next", "accept", "emit",
                          "chained")
@@ -148,10 +160,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="plain, chain (rounds chained on the device where they can be), host-chain (every round "
                          "through the host), or a tree's node count")
     ap.add_argument("--repeats", type=int, default=3, help="runs per mode and clip (alternating); medians reported")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="streams decoded at once (the clips repeated in turn); above 1 a repeat is one run of them")
+    ap.add_argument("--max-verify-rows", type=int, default=None,
+                    help="speculative modes: the most rows a step verifies (default: the device's)")
+    ap.add_argument("--layout", choices=("auto", "per-stream", "at-once"), default="auto",
+                    help="a chain's host layout: a stream at a time (as before the forty-eighth session), all streams "
+                         "at once, or the engine's choice by the step's streams (AT_ONCE_MIN_STREAMS); a mode "
+                         "MODE@LAYOUT sets its own (chain@per-stream chain@auto: both in one process, alternating)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default=None)
     ap.add_argument("--out", default="host_phases.json")
     args = ap.parse_args(argv)
+    if args.batch < 1:
+        ap.error("--batch must be at least 1")
+    for m in args.modes:
+        if m.partition("@")[2] not in ("", *_AT_ONCE_FROM):
+            ap.error(f"mode {m}: the layout after @ is one of {', '.join(_AT_ONCE_FROM)}")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
     dtype = _DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
@@ -160,12 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     clips = [load_audio_file(f)[: int(args.clip_seconds * rate)] for f in args.audio]
     graphs = args.device.startswith("cuda")
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
-    for clip in clips:
+
+    groups = [[c] for c in clips] if args.batch == 1 else [[clips[i % len(clips)] for i in range(args.batch)]]
+    for group in groups:
         for _ in range(args.repeats):
             for m in args.modes:
-                runs[m].append(run_mode(model, tok, clip, m, drafter, args.k, graphs))
+                base, _, layout = m.partition("@")
+                runs[m].append(run_mode(model, tok, group, base, drafter, args.k, graphs, args.max_verify_rows,
+                                        _AT_ONCE_FROM[layout or args.layout]))
     report = {"device": torch.cuda.get_device_name() if graphs else "cpu", "dtype": str(dtype), "k": args.k,
-              "clips": args.audio, "clip_seconds": args.clip_seconds, "repeats": args.repeats, "modes": {}}
+              "clips": args.audio, "clip_seconds": args.clip_seconds, "repeats": args.repeats, "batch": args.batch,
+              "max_verify_rows": args.max_verify_rows, "layout": args.layout,
+              "modes": {}}
     for m, rs in runs.items():
         names = rs[0]["phases_us_per_step"].keys()
         med = {"wall_us_per_step": statistics.median(r["wall_us_per_step"] for r in rs),

@@ -140,6 +140,30 @@ def test_host_phases_times_one_engine_and_accounts_for_its_steps(tiny_ckpt) -> N
     assert s["run_step"] + s["sync"] <= run.seconds * 1.001
 
 
+def test_host_phases_runs_a_batch_with_either_layout(tiny_ckpt) -> None:
+    """`host_phases.run_mode` on several streams at once: the per-stream and the whole-step layouts (a mode's
+    @LAYOUT) decode the same tokens in the same steps, and the layout phase is timed."""
+    from conftest import synthetic_audio
+    from host_phases import _AT_ONCE_FROM, run_mode
+
+    from realtime.loader import load_model
+    from realtime.tokenizer import load_tokenizer
+    from speculative import DrafterConfig, ParallelEagleDrafter
+
+    path = tiny_ckpt(seed=2)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    torch.manual_seed(0)
+    drafter = ParallelEagleDrafter(DrafterConfig.for_target(model.config)).eval()
+    drafter.tie_to(model.language_model.embed_tokens.weight)
+    clips = [synthetic_audio(1.5, seed=3), synthetic_audio(1.0, seed=4), synthetic_audio(2.0, seed=5)]
+    runs = {lay: run_mode(model, tok, clips, "host-chain", drafter, 3, False, None, _AT_ONCE_FROM[lay])
+            for lay in ("per-stream", "at-once")}
+    a, b = runs["per-stream"], runs["at-once"]
+    assert (a["steps"], a["tokens"]) == (b["steps"], b["tokens"]) and a["tokens"] > 3 * 12
+    assert a["phases_us_per_step"]["layout"] > 0 and b["phases_us_per_step"]["layout"] > 0
+
+
 def test_synthetic_streams_in_the_engines_order_decode_the_same_tokens(tiny_ckpt) -> None:
     """`bench_engine.SyntheticStreams` with `ahead` (the next token's encoder after the LM launch, as the
     engine runs a backlog) times the same work as its serial order: the same audio gives the same

@@ -32,6 +32,7 @@ from test_engine import Recorder, assert_whole_clips_transcribed, drive
 
 from realtime.config import load_config
 from realtime.engine import BatchedEngine, RunnerOptions
+from realtime.engine import speculation
 from realtime.engine.chained_rounds import one_graph_rounds
 from realtime.engine.offline import transcribe_batch
 from realtime.engine.prompt_prefix import RecordingAttention, silent_prefix_tokens
@@ -169,22 +170,27 @@ def scaled_target(model, alpha: float):
     return m
 
 
-def run_scenario(model, tok, drafter, clips, schedules, *, k=4, opts=None, delays=None, lookahead_chunk=None):
+def run_scenario(model, tok, drafter, clips, schedules, *, k=4, opts=None, delays=None, lookahead_chunk=None,
+                 spec_target=None):
     """Streams fed by `schedules[i]`: a list of sample counts pushed per engine step (then finish);
     every stream's tokens must be the single-stream session's."""
     delays = delays or [None] * len(clips)
     eng, tokens = run_streams(model, tok, drafter, clips, schedules, k=k, opts=opts, delays=delays,
-                              lookahead_chunk=lookahead_chunk)
+                              lookahead_chunk=lookahead_chunk, spec_target=spec_target)
     for i, got in enumerate(tokens):
         assert got == reference(model, tok, clips[i], delays[i]), f"stream {i}"
     return eng, eng.stats()
 
 
-def run_streams(model, tok, drafter, clips, schedules, *, k=4, opts=None, delays=None, lookahead_chunk=None):
-    """`run_scenario` without the reference: (the engine, each stream's tokens); drafter None: no speculation."""
+def run_streams(model, tok, drafter, clips, schedules, *, k=4, opts=None, delays=None, lookahead_chunk=None,
+                spec_target=None):
+    """`run_scenario` without the reference: (the engine, each stream's tokens); drafter None: no speculation;
+    `spec_target`: the target as the speculator's capability check sees it (default: the engine's own)."""
     opts = opts or RunnerOptions(max_streams=len(clips), max_batch=len(clips), cuda_graphs=False)
     spec = spec_config(drafter, k, lookahead_chunk=lookahead_chunk) if drafter else None
     eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
+    if spec_target is not None:
+        eng.speculator = Speculator(eng.runner, spec, target=spec_target)
     rec = Recorder()
     delays = delays or [None] * len(clips)
     sids = [eng.open_stream(rec, delay_ms=d) for d in delays]
@@ -442,6 +448,68 @@ def test_small_windows_rings_with_speculation(tiny_ckpt, cls, tree_nodes):
     opts = RunnerOptions(max_streams=2, max_batch=2, block_size=4, cuda_graphs=False)
     _, st = run_scenario(model, tok, drafter, clips, [[3000] * 100, ([0] * 6 + [12000]) * 20], k=5, opts=opts)
     assert_partial_acceptance(st)
+
+
+def check_whole_step_layouts(monkeypatch) -> list[tuple[int, int, int]]:
+    """From here on every `Speculator._rows_at_once` (a chain's layout of all streams at once) is compared with
+    `_rows_per_stream` (a stream at a time) on the same step: every staged array, the catch-up and verify row
+    counts and each stream's first verify row must be equal. Returns the list of (streams, drafting streams,
+    drafts) of the steps compared."""
+    at_once = Speculator._rows_at_once
+    seen: list[tuple[int, int, int]] = []
+
+    def compared(self, h, plan):
+        ref = {n: a.copy() for n, a in h.items()}  # the staging as the step found it (its padding)
+        ref_plan = dataclasses.replace(plan, verify_base=[], rows=0)
+        ref_c = self._rows_per_stream(ref, ref_plan, None)
+        c = at_once(self, h, plan)
+        assert (c, plan.rows, plan.verify_base) == (ref_c, ref_plan.rows, ref_plan.verify_base)
+        for name in h:
+            np.testing.assert_array_equal(h[name], ref[name], err_msg=name)
+        seen.append((len(plan.order), sum(1 for n in plan.k_s if n), sum(plan.k_s)))
+        return c
+
+    monkeypatch.setattr(Speculator, "_rows_at_once", compared)
+    monkeypatch.setattr(speculation, "AT_ONCE_MIN_STREAMS", 1)  # at any batch (the default takes it from 12 on)
+    return seen
+
+
+def test_whole_step_layout_is_the_per_stream_layout(target, drafter_kind, monkeypatch):
+    """The four-stream mixed scenario (live, catch-up, flush, whole; different delays, so prompt rows in drafting
+    steps) with every step's whole-step layout checked against the per-stream one; tokens equal the sessions'. A
+    tree keeps the per-stream layout."""
+    seen = check_whole_step_layouts(monkeypatch)
+    model, tok = target
+    rng = np.random.default_rng(0)
+    clips = [SEEN[0], UNSEEN[0], SEEN[2], UNSEEN[2]]
+    schedules = [SCHEDULES["live"](clips[0], rng), SCHEDULES["catch-up"](clips[1], rng),
+                 SCHEDULES["flush"](clips[2], rng), [clips[3].size]]
+    run_scenario(model, tok, drafter_kind, clips, schedules, delays=[480, 160, 480, 1200])
+    if isinstance(drafter_kind, TreeDrafting):
+        assert not seen
+        return
+    # steps of 4 streams where some draft and some do not, and steps where every stream drafts
+    assert any(n == 4 and 0 < d < 4 for n, d, _ in seen) and any(d == n > 1 for n, d, _ in seen)
+
+
+@pytest.mark.parametrize(("cls", "text_only"), [(EagleDrafter, False), (EagleDrafter, True),
+                                                (ParallelEagleDrafter, False), (ParallelEagleDrafter, True),
+                                                (TwoPassEagleDrafter, False)])
+def test_whole_step_layout_with_wrapping_rings(tiny_ckpt, monkeypatch, cls, text_only):
+    """The same check where every ring wraps many times (positions far past the rings' sizes: slot mappings, audio
+    rows) and, for a text-only target, without the drafter's audio rows."""
+    seen = check_whole_step_layouts(monkeypatch)
+    path = tiny_ckpt(seed=1, small_windows=True)
+    base, _ = load_model(path)
+    tok = load_tokenizer(path)
+    model = scaled_target(base, 0.03)
+    clips = [synthetic_audio(6.0, seed=400), synthetic_audio(4.0, seed=401), synthetic_audio(3.0, seed=402)]
+    opts = RunnerOptions(max_streams=3, max_batch=3, block_size=4, cuda_graphs=False)
+    eng, _ = run_scenario(model, tok, echo_drafter(model, cls=cls, window=6), clips,
+                          [[3000] * 100, ([0] * 6 + [12000]) * 20, [1280] * 100], k=5, opts=opts,
+                          spec_target=TextOnlyTarget(model) if text_only else None)
+    assert eng.speculator.drafter_audio is not text_only
+    assert any(drafting > 1 for _, drafting, _ in seen) and max(drafts for *_, drafts in seen) >= 10
 
 
 def test_speculation_is_off_by_default(target):

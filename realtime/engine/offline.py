@@ -136,8 +136,9 @@ def speculative_config(model: VoxtralRealtime, drafter_dir: str | Path, *, k: in
 
 # a drafter-less offline run's audio tokens per encoder call on the CPU: the 5 held-out clips (20 s each, fp32, batch 1)
 # decoded 2.57-2.70x faster with 32-token calls than with one token a step on the 2-core box, token for token the same
-# (docs/benchmarks.md, issue 5, forty-fifth and forty-sixth sessions). CUDA keeps 1 until it is measured there (its
-# encoder graphs for each call size add setup time)
+# (docs/benchmarks.md, issue 5, forty-fifth and forty-sixth sessions). CUDA keeps 1: there 32-token calls were 1.77x
+# faster at batch 1 (one H100, bf16) but gave the one-token engine's tokens on only 1 of 5 clips (bf16 rounds a
+# 32-row call differently), and a file's transcript should be the one a live stream of it gets (48th session)
 CPU_PLAIN_ENCODER_CHUNK = 32
 
 

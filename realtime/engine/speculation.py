@@ -131,7 +131,8 @@ class SpeculativeConfig:
     # its rows, drafts past that buy fewer tokens than their rows cost: on the 2-core CPU 64 files at once decoded
     # at 32.2x real time with 6 drafts a stream and 78.2x with the cap (CPU_MAX_VERIFY_ROWS). Lossless either way.
     # None (`on`): CPU_MAX_VERIFY_ROWS on the CPU (at least k + 1, so a lone stream drafts all k), no limit
-    # elsewhere (not measured on a GPU yet)
+    # elsewhere: on one H100 (bf16, k = 12) 64 files decoded at 0.63x plain decoding with a cap of 256 (3 drafts
+    # each) and 0.50x with 128 (none), against 1.01-1.36x uncapped (docs/benchmarks.md, issue 5, 48th session)
     max_verify_rows: int | None = None
 
     def on(self, device: torch.device) -> SpeculativeConfig:
@@ -164,6 +165,11 @@ class SpeculativeConfig:
 CPU_MAX_VERIFY_ROWS = 32
 # fewer drafts than this a stream, where the cap cuts them, cost a drafter pass for little (1 or 2 above): none instead
 MIN_CUT_DRAFTS = 3
+# from this many streams in a step on, a chain's rows are laid out for all of them at once (whole-step index arrays)
+# instead of a stream at a time: on the 2-core CPU the whole-step layout took ~220 us + ~1.5 us a stream of host
+# time, the per-stream one ~105 us + ~11.5 us a stream (benchmarks/host_phases.py --batch 1 to 64, forty-eighth
+# session: 64 streams 839-857 -> 306-346 us, 16 streams 287-291 -> 259-262 us, 8 streams 205 -> 243 us)
+AT_ONCE_MIN_STREAMS = 12
 
 
 def step_tokens_for(k: int) -> int:
@@ -447,6 +453,9 @@ class Speculator:
                                   + np.arange(lc.spec.block_size)).reshape(opts.max_streams, -1)
 
         self._plan: _Plan | None = None
+        # steps of this many streams or more lay out a chain's rows all at once (`_rows_at_once`; a tree's are
+        # always laid out a stream at a time)
+        self.at_once_from = AT_ONCE_MIN_STREAMS
         self.g_catchup = self.g_chain = self.g_verify = self.g_verify_inputs = self.g_commit = None
         if opts.cuda_graphs and dev.type == "cuda":
             self._capture()
@@ -678,7 +687,7 @@ class Speculator:
 
     def _layout(self, streams: list[EngineStream]) -> tuple[_Plan, int, int]:
         """Draft lengths, and the step's rows written into the host staging of the metadata."""
-        k, C, stride = self.k, self.C, self.stash_stride
+        k = self.k
         k_s = {}
         for s in streams:
             decodable = min(s.audio_done, s.last_position() + 1) - s.lm_pos
@@ -701,8 +710,24 @@ class Speculator:
         if tree is not None and self.cfg.tree_max_streams is not None and n_draft > self.cfg.tree_max_streams:
             tree = self.chain_tree
         h = self.meta.begin()
+        if tree is None and len(order) >= self.at_once_from:
+            c = self._rows_at_once(h, plan)
+        else:
+            c = self._rows_per_stream(h, plan, tree)
+        if self._pending:  # last step's accepted scratch nodes: committed before this step's verify
+            src, dst = (np.concatenate(x) for x in zip(*self._pending.values()))
+            h["cm_src"][: len(src)], h["cm_dst"][: len(dst)] = src, dst
+            self._pending.clear()
+            plan.commit = True
+        self.meta.upload()
+        return plan, c, n_draft
+
+    def _rows_per_stream(self, h: dict[str, np.ndarray], plan: _Plan, tree: DraftTree | None) -> int:
+        """Lays out the step's catch-up, chain and verify rows into `h`, a stream at a time (any tree);
+        sets `plan.rows` and `plan.verify_base`; returns the catch-up rows."""
+        k, C, stride = self.k, self.C, self.stash_stride
         c = v = 0  # rows used so far in the catch-up / verify layouts
-        for i, s in enumerate(order):
+        for i, s in enumerate(plan.order):
             p, prev, slot, ks = s.lm_pos, self.prev_pos[s.slot], s.slot, plan.k_s[i]
             h["d_tables"][i] = self.d_cache.tables_host[slot]
             h["v_tables"][i] = self.runner.lm_cache.tables_host[slot]
@@ -761,13 +786,71 @@ class Speculator:
             h["v_seq"][sl] = i
             v += n
         plan.rows = v
-        if self._pending:  # last step's accepted scratch nodes: committed before this step's verify
-            src, dst = (np.concatenate(x) for x in zip(*self._pending.values()))
-            h["cm_src"][: len(src)], h["cm_dst"][: len(dst)] = src, dst
-            self._pending.clear()
-            plan.commit = True
-        self.meta.upload()
-        return plan, c, n_draft
+        return c
+
+    def _rows_at_once(self, h: dict[str, np.ndarray], plan: _Plan) -> int:
+        """`_rows_per_stream` for a chain of drafts (no tree), every stream at once: the same values in the
+        same rows, from whole-step index arrays instead of ~20 small numpy writes a stream (AT_ONCE_MIN_STREAMS)."""
+        order, k, C, stride = plan.order, self.k, self.C, self.stash_stride
+        b = len(order)
+        slots = np.fromiter((s.slot for s in order), np.int64, b)
+        p = np.asarray(plan.p, dtype=np.int64)
+        ks = np.asarray(plan.k_s, dtype=np.int64)
+        prev = np.fromiter((self.prev_pos[s.slot] for s in order), np.int64, b)
+        dly = np.fromiter((s.delay_tokens for s in order), np.int64, b)
+        h["d_tables"][:b] = self.d_cache.tables_host[slots]
+        h["v_tables"][:b] = self.runner.lm_cache.tables_host[slots]
+        # catch-up: per stream its accepted positions prev+1 .. p, then (parallel drafting) its mask rows
+        # p+1 .. p+k_s-1; `row` counts each stream's rows from 0
+        n_acc = p - prev
+        n_mask = np.maximum(ks - 1, 0) if self.parallel else np.zeros(b, np.int64)
+        n_c = n_acc + n_mask
+        c_end = np.cumsum(n_c)
+        c = int(c_end[-1]) if b else 0
+        seq = np.repeat(np.arange(b), n_c)
+        row = np.arange(c) - np.repeat(c_end - n_c, n_c)
+        q, sl = prev[seq] + 1 + row, slots[seq]
+        mask = row >= n_acc[seq]
+        h["c_slot_mapping"][:c] = self.d_cache.host_slots_rows(sl, q[:, None])[:, 0]
+        h["c_pos"][:c], h["c_dly"][:c], h["c_seq"][:c] = q, dly[seq], seq
+        if self.drafter_audio:
+            h["c_aud"][:c] = sl * C + q % C
+        tok = np.fromiter((t for s, a, z in zip(order, prev, p) for t in s.tokens[a + 1: z + 1]), np.int64,
+                          int(n_acc.sum()))
+        h["c_tok"][:c][~mask] = tok
+        if self.parallel:  # (other drafters have no mask rows)
+            h["c_tok"][:c][mask] = self.drafter.mask_token_id
+        h["c_hid"][:c] = np.where(mask, self.zero_stash, sl * stride + row)
+        drafting = ks > 0
+        h["c_last"][:b][drafting] = (c_end - n_mask - 1)[drafting]
+        if not self.parallel:  # chain step j (1 .. k_s-1) drafts token p+j+1 at position p+j
+            h["dr_dly"][:b][drafting] = dly[drafting]
+            j = np.arange(1, h["dr_pos"].shape[0] + 1)[:, None]
+            use = j < ks[None, :]
+            qd = (p[None, :] + j)[use]
+            h["dr_pos"][:, :b][use] = qd
+            sd = np.broadcast_to(slots[None, :], use.shape)[use]
+            h["dr_slot_mapping"][:, :b][use] = self.d_cache.host_slots_rows(sd, qd[:, None])[:, 0]
+            if self.drafter_audio:
+                h["dr_aud"][:, :b][use] = sd * C + qd % C
+        # verify: per stream its root p (the known token) and its drafts at p+1 .. p+k_s
+        n_v = ks + 1
+        v_end = np.cumsum(n_v)
+        v = int(v_end[-1]) if b else 0
+        base = v_end - n_v
+        seq = np.repeat(np.arange(b), n_v)
+        depth = np.arange(v) - base[seq]
+        q, sl = p[seq] + depth, slots[seq]
+        h["v_tok"][base] = np.fromiter((s.tokens[z] for s, z in zip(order, plan.p)), np.int64, b)
+        drafted = depth > 0
+        h["v_src"][:v][drafted] = (seq * k + depth - 1)[drafted]
+        h["v_aud"][:v] = sl * C + q % C
+        h["v_slot_mapping"][:v] = self.runner.lm_cache.host_slots_rows(sl, q[:, None])[:, 0]
+        h["v_stash"][:v] = sl * stride + depth
+        h["v_pos"][:v], h["v_dly"][:v], h["v_seq"][:v] = q, dly[seq], seq
+        plan.verify_base = base.tolist()
+        plan.rows = v
+        return c
 
     def _catchup_rows(self, h: dict[str, np.ndarray], c: int, i: int, s: EngineStream, q: np.ndarray) -> int:
         """Lays out drafter rows at positions `q` of stream `s` (the i-th of the step) from catch-up row
