@@ -49,7 +49,8 @@ CUDA graphs (when `RunnerOptions.cuda_graphs` and CUDA): catch-up (bucketed by r
 (bucketed by drafting streams, all k-1 steps in one graph) and verify (bucketed by rows) are
 captured on padding rows of persistent buffers, like the decode graphs. A step's index metadata
 (positions, slot mappings computed on the host from host copies of the rings, cache rows, block
-tables) arrives in one host-to-device copy per dtype (`staging`); the target's input merge (drafts
+tables; laid out a stream at a time, or for a busy step's chains all at once: `AT_ONCE_MIN_STREAMS`)
+arrives in one host-to-device copy per dtype (`staging`); the target's input merge (drafts
 into the tokens, gather-add) has graphs of its own, replayed before the verify graph, which stays
 captured on dummy input buffers. Eager work per step: that copy; the step's outputs land in one
 buffer, brought to the host by one copy. A join writes the drafter's prefix pages and stash row in
