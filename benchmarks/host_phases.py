@@ -22,7 +22,7 @@ changes, nothing shared with other engines):
 
 `--batch N` decodes N streams at once (the clips repeated in turn) instead of one clip at a time, `--layout` (or a
 mode's `@LAYOUT`) picks how a step's rows are laid out on the host, and `--max-verify-rows R` caps a step's verify
-rows (`SpeculativeConfig.max_verify_rows`; R < 3 N drafts nothing): the host's share of a many-stream step, which is
+rows (`SpeculativeConfig.max_verify_rows`; with N streams, R < 4 N drafts nothing): the host's share of a many-stream step, which is
 the same Python on any device (forty-eighth session: on one H100 64 streams with nothing drafted ran at half the
 plain engine's speed).
 """
@@ -185,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     clips = [load_audio_file(f)[: int(args.clip_seconds * rate)] for f in args.audio]
     graphs = args.device.startswith("cuda")
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
-
     groups = [[c] for c in clips] if args.batch == 1 else [[clips[i % len(clips)] for i in range(args.batch)]]
     for group in groups:
         for _ in range(args.repeats):
