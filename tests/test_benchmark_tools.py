@@ -140,9 +140,9 @@ def test_host_phases_times_one_engine_and_accounts_for_its_steps(tiny_ckpt) -> N
     assert s["run_step"] + s["sync"] <= run.seconds * 1.001
 
 
-def test_host_phases_runs_a_batch_with_either_layout(tiny_ckpt) -> None:
+def test_host_phases_runs_a_batch_with_either_layout(tiny_ckpt, monkeypatch) -> None:
     """`host_phases.run_mode` on several streams at once: the per-stream and the whole-step layouts (a mode's
-    @LAYOUT) decode the same tokens in the same steps, and the layout phase is timed."""
+    @LAYOUT) each take their own path, decode the same tokens in the same steps, and the layout phase is timed."""
     from conftest import synthetic_audio
     from host_phases import _AT_ONCE_FROM, run_mode
 
@@ -157,8 +157,20 @@ def test_host_phases_runs_a_batch_with_either_layout(tiny_ckpt) -> None:
     drafter = ParallelEagleDrafter(DrafterConfig.for_target(model.config)).eval()
     drafter.tie_to(model.language_model.embed_tokens.weight)
     clips = [synthetic_audio(1.5, seed=3), synthetic_audio(1.0, seed=4), synthetic_audio(2.0, seed=5)]
-    runs = {lay: run_mode(model, tok, clips, "host-chain", drafter, 3, False, None, _AT_ONCE_FROM[lay])
-            for lay in ("per-stream", "at-once")}
+    from realtime.engine.speculation import Speculator
+
+    calls = {"per-stream": 0, "at-once": 0}
+    for name, key in (("_rows_per_stream", "per-stream"), ("_rows_at_once", "at-once")):
+        def counted(self, *a, _f=getattr(Speculator, name), _k=key):
+            calls[_k] += 1
+            return _f(self, *a)
+        monkeypatch.setattr(Speculator, name, counted)
+    runs = {}
+    for lay in ("per-stream", "at-once"):
+        before = dict(calls)
+        runs[lay] = run_mode(model, tok, clips, "host-chain", drafter, 3, False, None, _AT_ONCE_FROM[lay])
+        other = "at-once" if lay == "per-stream" else "per-stream"
+        assert calls[lay] > before[lay] and calls[other] == before[other], (lay, calls)
     a, b = runs["per-stream"], runs["at-once"]
     assert (a["steps"], a["tokens"]) == (b["steps"], b["tokens"]) and a["tokens"] > 3 * 12
     assert a["phases_us_per_step"]["layout"] > 0 and b["phases_us_per_step"]["layout"] > 0
