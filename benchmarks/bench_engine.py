@@ -100,8 +100,10 @@ class SyntheticStreams:
         self.lm_pos = [self.prompt + a for a in ages_tokens]
         self.delays = [delay] * n
         self.tokens = [33] * n
-        # each stream's next sample window (the samples of one token's mel frames), as the engine sends it
-        self.host_mel = [torch.randn(runner.mel.samples_needed(c.streaming.mel_frames_per_token)) for _ in range(n)]
+        # each stream's next sample window (the samples of one token's mel frames), as the engine sends it (a numpy
+        # view of the stream's buffer, `IncrementalLogMel.window_samples`)
+        self.host_mel = [torch.randn(runner.mel.samples_needed(c.streaming.mel_frames_per_token)).numpy()
+                         for _ in range(n)]
 
     def release(self) -> None:
         for s in self.slots:

@@ -216,12 +216,17 @@ class IncrementalLogMel:
     def frames_done(self) -> int:
         return self._next_frame
 
-    def window(self, n: int) -> torch.Tensor:
-        """The samples the next `n` frames read (for batched computation by an engine)."""
+    def window_samples(self, n: int) -> np.ndarray:
+        """The samples the next `n` frames read, a view of the buffer (for batched computation by an engine: a
+        numpy view costs a fraction of a tensor's, which counts at hundreds of streams a step)."""
         if n > self.available():
             raise AudioError(f"internal: asked for {n} mel frames, only {self.available()} available")
         start = self._lo + self.cfg.hop_length * self._next_frame - self.cfg.n_fft // 2 - self._first
-        return torch.from_numpy(self._buf[start: start + self._mel.samples_needed(n)])
+        return self._buf[start: start + self._mel.samples_needed(n)]
+
+    def window(self, n: int) -> torch.Tensor:
+        """`window_samples` as a tensor."""
+        return torch.from_numpy(self.window_samples(n))
 
     def compute(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
         """The next `n` frames [num_mel_bins, n], computed on `device` (default: the host)."""

@@ -566,8 +566,8 @@ def test_look_ahead_calls_keep_their_rows_on_the_invariant_kernel(target):
     assert eight.chunk_rows == 64 and eight.tokens_per_call(1) == 8 and set(eight.max_streams.values()) == {4}
     # a caller asking more streams of a size than it takes: split into calls it takes, or refused when direct
     split: list[list[int]] = []
-    fake = [SimpleNamespace(slot=i, audio_done=0, mel=SimpleNamespace(window=lambda f: None, advance=lambda f: None))
-            for i in range(3)]
+    mel = SimpleNamespace(window_samples=lambda f: None, advance=lambda f: None)
+    fake = [SimpleNamespace(slot=i, audio_done=0, mel=mel) for i in range(3)]
     real_run, enc.run = enc.run, lambda n, w, slots, done, ahead=False: split.append([n, *slots])
     enc.encode([(s, 16) for s in fake])
     assert split == [[16, 0, 1], [16, 2]]

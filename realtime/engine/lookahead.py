@@ -182,23 +182,25 @@ class LookaheadEncoder:
         if not group:
             return
         frames = self.mpt * n
-        windows = [s.mel.window(frames) for s in group]  # views of each stream's sample buffer
+        windows = [s.mel.window_samples(frames) for s in group]  # views of each stream's sample buffer
         self.run(n, windows, [s.slot for s in group], [s.audio_done for s in group], ahead)
         for s in group:
             s.mel.advance(frames)
             s.audio_done += n
 
     @torch.no_grad()
-    def run(self, n: int, windows: Sequence[torch.Tensor], slots: list[int], audio_done: list[int],
+    def run(self, n: int, windows: Sequence[np.ndarray | torch.Tensor], slots: list[int], audio_done: list[int],
             ahead: bool = False) -> None:
         """Encode `n` tokens per stream from its host sample window (the samples its next 8n mel
-        frames read, `IncrementalLogMel.window`): stream i (cache slot `slots[i]`) at audio token
-        index `audio_done[i]`, on the encoder's stream (`ModelRunner.on_encoder_stream`: `ahead` for
-        the next step's audio). (Benchmarks drive the encoder through this directly.)"""
+        frames read, `IncrementalLogMel.window_samples`; a CPU tensor also does): stream i (cache slot
+        `slots[i]`) at audio token index `audio_done[i]`, on the encoder's stream
+        (`ModelRunner.on_encoder_stream`: `ahead` for the next step's audio). (Benchmarks drive the encoder
+        through this directly.)"""
         with self.runner.on_encoder_stream(ahead):
             self._run(n, windows, slots, audio_done)
 
-    def _run(self, n: int, windows: Sequence[torch.Tensor], slots: list[int], audio_done: list[int]) -> None:
+    def _run(self, n: int, windows: Sequence[np.ndarray | torch.Tensor], slots: list[int],
+             audio_done: list[int]) -> None:
         r, fpt = self.runner, self.fpt
         b = len(slots)
         if b > self.max_streams[n]:
@@ -222,11 +224,11 @@ class LookaheadEncoder:
             j = ring.acquire()
             rows = self._staging_np[n][j]
             for i, w in enumerate(windows):
-                rows[i] = w.numpy()
+                rows[i] = w
             self.samples[n][:b].copy_(self._staging[n][j][:b], non_blocking=True)
             ring.mark_copied(j)
-        else:
-            torch.stack(list(windows), out=self.samples[n][:b])
+        else:  # (the host's own buffer: numpy writes into it in place)
+            np.stack(windows, out=self.samples[n][:b].numpy())
         graphs = self.graphs.get(n)
         if graphs is not None:
             graphs.replay(graphs.bucket(b))
