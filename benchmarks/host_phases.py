@@ -96,8 +96,14 @@ def instrument(eng: BatchedEngine) -> PhaseClock:
 
 
 def run_mode(model, tok, clips: list, mode: str, drafter, k: int, graphs: bool,
-             max_verify_rows: int | None = None, at_once_from: int | None = None) -> dict:
-    """One offline run of `clips` decoded together in `mode`; phases in microseconds a step."""
+             max_verify_rows: int | None = None, at_once_from: int | None = None,
+             skip_encoder_forward: bool = False) -> dict:
+    """One offline run of `clips` decoded together in `mode`; phases in microseconds a step.
+    `skip_encoder_forward` (eager only): the encoder calls do all their host work but not the encoder itself, so
+    that on the CPU, where the device's work is the host's too, the encode phases time the host alone (the LM
+    then reads audio embeddings that were never written: its tokens mean nothing)."""
+    if skip_encoder_forward and graphs:
+        raise ValueError("skip_encoder_forward needs eager steps: a graph replays the encoder it captured")
     spec = None
     if mode != "plain":
         # "chain": the chain of drafts, its rounds chained on the device where they can be (chained_rounds=8, the
@@ -110,6 +116,8 @@ def run_mode(model, tok, clips: list, mode: str, drafter, k: int, graphs: bool,
     eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
     if eng.speculator is not None and at_once_from is not None:
         eng.speculator.at_once_from = at_once_from
+    if skip_encoder_forward:
+        eng.runner.encoder._forward = lambda n, b: None  # this engine's encoder only (an instance attribute)
     run_engine_offline(eng, [c[: 3 * model.config.audio.sampling_rate] for c in clips])  # warm-up (first shapes)
     clock = instrument(eng)
     m0 = (eng.speculator.metrics.rounds, eng.speculator.metrics.accepted) if eng.speculator is not None else None
@@ -168,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a chain's host layout: a stream at a time (as before the forty-eighth session), all streams "
                          "at once, or the engine's choice by the step's streams (AT_ONCE_MIN_STREAMS); a mode "
                          "MODE@LAYOUT sets its own (chain@per-stream chain@auto: both in one process, alternating)")
+    ap.add_argument("--skip-encoder-forward", action="store_true",
+                    help="CPU: encoder calls without the encoder's own work, so that encode and look-ahead phases "
+                         "time their host work alone (the tokens are then meaningless)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default=None)
     ap.add_argument("--out", default="host_phases.json")
@@ -184,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     rate = model.config.audio.sampling_rate
     clips = [load_audio_file(f)[: int(args.clip_seconds * rate)] for f in args.audio]
     graphs = args.device.startswith("cuda")
+    if args.skip_encoder_forward and graphs:
+        ap.error("--skip-encoder-forward needs eager steps (the CPU)")
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     groups = [[c] for c in clips] if args.batch == 1 else [[clips[i % len(clips)] for i in range(args.batch)]]
     for group in groups:
@@ -191,10 +204,11 @@ def main(argv: list[str] | None = None) -> int:
             for m in args.modes:
                 base, _, layout = m.partition("@")
                 runs[m].append(run_mode(model, tok, group, base, drafter, args.k, graphs, args.max_verify_rows,
-                                        _AT_ONCE_FROM[layout or args.layout]))
+                                        _AT_ONCE_FROM[layout or args.layout], args.skip_encoder_forward))
     report = {"device": torch.cuda.get_device_name() if graphs else "cpu", "dtype": str(dtype), "k": args.k,
               "clips": args.audio, "clip_seconds": args.clip_seconds, "repeats": args.repeats, "batch": args.batch,
               "max_verify_rows": args.max_verify_rows, "layout": args.layout,
+              "skip_encoder_forward": args.skip_encoder_forward,
               "modes": {}}
     for m, rs in runs.items():
         names = rs[0]["phases_us_per_step"].keys()

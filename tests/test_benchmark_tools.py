@@ -176,6 +176,32 @@ def test_host_phases_runs_a_batch_with_either_layout(tiny_ckpt, monkeypatch) -> 
     assert a["phases_us_per_step"]["layout"] > 0 and b["phases_us_per_step"]["layout"] > 0
 
 
+def test_host_phases_can_time_the_encoders_host_work_alone(tiny_ckpt, monkeypatch) -> None:
+    """`run_mode(..., skip_encoder_forward=True)`: the encoder calls run (their host work is timed) but never the
+    encoder itself, in that engine only; graphs refuse it (a replay runs what was captured)."""
+    from conftest import synthetic_audio
+    from host_phases import run_mode
+
+    from realtime.engine.lookahead import LookaheadEncoder
+    from realtime.loader import load_model
+    from realtime.tokenizer import load_tokenizer
+
+    path = tiny_ckpt(seed=2)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    forwards = []
+    real = LookaheadEncoder._forward
+    monkeypatch.setattr(LookaheadEncoder, "_forward", lambda self, n, b: forwards.append(b) or real(self, n, b))
+    clips = [synthetic_audio(1.5, seed=3), synthetic_audio(1.0, seed=4)]
+    full = run_mode(model, tok, clips, "plain", None, 3, False)
+    assert forwards and full["phases_us_per_step"]["encode"] > 0
+    forwards.clear()
+    host = run_mode(model, tok, clips, "plain", None, 3, False, skip_encoder_forward=True)
+    assert forwards == [] and host["phases_us_per_step"]["encode"] > 0 and host["steps"] == full["steps"]
+    with pytest.raises(ValueError, match="needs eager steps"):
+        run_mode(model, tok, clips, "plain", None, 3, True, skip_encoder_forward=True)
+
+
 def test_synthetic_streams_in_the_engines_order_decode_the_same_tokens(tiny_ckpt) -> None:
     """`bench_engine.SyntheticStreams` with `ahead` (the next token's encoder after the LM launch, as the
     engine runs a backlog) times the same work as its serial order: the same audio gives the same
