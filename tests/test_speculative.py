@@ -1369,6 +1369,28 @@ def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows, cl
     assert outs[False] == [transcribe(model, tok, c).token_ids for c in clips]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", [EagleDrafter, TwoPassEagleDrafter])
+def test_graphs_equal_eager_with_the_whole_step_layout_on_gpu(tiny_ckpt, monkeypatch, cls):
+    """14 streams a step: the engine's own choice lays out a chain's rows all at once (from
+    AT_ONCE_MIN_STREAMS streams); graphs equal eager and both equal the single-stream sessions."""
+    model, tok, drafter = gpu_echo_setup(tiny_ckpt, False, cls)
+    n = max(14, speculation.AT_ONCE_MIN_STREAMS)
+    clips = [synthetic_audio(2.0 + 0.25 * i, seed=700 + i) for i in range(n)]
+    at_once = []
+    real = Speculator._rows_at_once
+    monkeypatch.setattr(Speculator, "_rows_at_once", lambda self, *a: at_once.append(1) or real(self, *a))
+    outs = {}
+    for graphs in (False, True):
+        at_once.clear()
+        opts = RunnerOptions(max_streams=n, max_batch=n, block_size=16, cuda_graphs=graphs)
+        run = transcribe_batch(model, tok, clips, opts=opts, speculative=SpeculativeConfig(drafter, 4))
+        outs[graphs] = [r.token_ids for r in run.results]
+        assert run.stats.spec_drafted > 0 and at_once, graphs
+    assert outs[True] == outs[False]
+    assert outs[False] == [transcribe(model, tok, c).token_ids for c in clips]
+
+
 def test_shipped_drafter_speculates_losslessly_on_the_shipped_model():
     """models/default_drafter was distilled from models/default: it loads against it, gets drafts
     accepted on held-out-style speech, and changes no token."""
