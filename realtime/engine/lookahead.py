@@ -130,7 +130,10 @@ class LookaheadEncoder:
         most, ring = self.tokens_per_call(len(work)), self.runner.cache_len
         counts = []
         for s, anchor in work:
-            upper = min(s.audio_done + s.audio_tokens_ready(self.mpt), anchor + 1 + ring, s.last_position() + 1)
+            bound = min(anchor + 1 + ring, s.last_position() + 1)
+            if bound <= s.audio_done:  # (before the costlier count of the audio received: many streams stop here)
+                continue
+            upper = min(s.audio_done + s.audio_tokens_ready(self.mpt), bound)
             if upper > s.audio_done:
                 counts.append((s, int(min(upper - s.audio_done, most))))
         self.encode(counts, ahead)
