@@ -2,8 +2,6 @@
 # Prepared in the forty-eighth session for the next one (issue 5, one GPU); every log and result is packed into
 # OUT/all.tgz. carry [".whl_gpu", ".bench_audio"] (docs/ moved out):
 #   bash benchmarks/gpu_s49_calls.sh OUT        (at most 580 s by its timeouts; about 400 s expected)
-# SHORT=1 stops after the layout and no-draft runs (at most 360 s; for a session short of device time); SHORT=2 runs
-# only the 64-stream layout runs (at most 150 s; no throwaway process: host_phases warms each engine up first).
 # What the forty-eighth session's device time did not cover:
 # - the whole-step host layout (`Speculator._rows_at_once`, from AT_ONCE_MIN_STREAMS = 12 streams a step): on the
 #   2-core CPU it cut `_layout` at 64 streams from ~850 to ~330 us a step; on the GPU, where a 64-stream step takes
@@ -16,13 +14,6 @@ set -u
 out=${1:?out dir}
 mkdir -p "$out/r"
 source benchmarks/gpu_setup.sh "$out/r"  # the wheels, the GPU's name; spec_run, pack
-if [ "${SHORT:-0}" = 2 ]; then
-  timeout 150 python3 benchmarks/host_phases.py --target models/default --drafter models/default_drafter \
-    --audio .bench_audio/* --clip-seconds 20 --batch 64 --modes chain@per-stream chain@auto plain --repeats 3 \
-    --out "$GPU_DIR/layout_b64.json" > "$GPU_DIR/layout_b64.log" 2>&1
-  echo "layout_b64 rc=$?"; grep -E "host_phases: |Error" "$GPU_DIR/layout_b64.log" | cut -c1-300
-  pack "$out" && rm -rf "$out/r"; exit 0
-fi
 # a throwaway first process: Triton's and the CUDA graphs' first compilation on a cold machine
 timeout 90 python3 benchmarks/host_phases.py --target models/default --drafter models/default_drafter \
   --audio .bench_audio/* --clip-seconds 4 --batch 16 --modes chain --repeats 1 --out "$GPU_DIR/warm.json" \
@@ -39,7 +30,6 @@ timeout 70 python3 benchmarks/host_phases.py --target models/default --drafter m
   --audio .bench_audio/* --clip-seconds 20 --batch 64 --modes chain plain --repeats 2 --max-verify-rows 128 \
   --out "$GPU_DIR/nodraft_b64.json" > "$GPU_DIR/nodraft_b64.log" 2>&1
 echo "nodraft_b64 rc=$?"; grep -E "host_phases: |Error" "$GPU_DIR/nodraft_b64.log" | cut -c1-300
-if [ "${SHORT:-0}" = 1 ]; then pack "$out" && rm -rf "$out/r"; exit 0; fi  # only the layout and no-draft runs
 spec_run b16_64_r3 150 ".bench_audio/*" --batches 16 64 --repeats 3 --clip-seconds 20 --k 12
 grep -E "offline batch" "$GPU_DIR/b16_64_r3.log" | cut -c1-250
 timeout 70 python3 benchmarks/bench_speculative.py --target models/default --drafter models/default_drafter \

@@ -22,9 +22,10 @@ changes, nothing shared with other engines):
 
 `--batch N` decodes N streams at once (the clips repeated in turn) instead of one clip at a time, `--layout` (or a
 mode's `@LAYOUT`) picks how a step's rows are laid out on the host, and `--max-verify-rows R` caps a step's verify
-rows (`SpeculativeConfig.max_verify_rows`; with N streams, R < 4 N drafts nothing): the host's share of a many-stream step, which is
-the same Python on any device (forty-eighth session: on one H100 64 streams with nothing drafted ran at half the
-plain engine's speed).
+rows (`SpeculativeConfig.max_verify_rows`; with N streams, R < 4 N drafts nothing): the host's share of a
+many-stream step, which is the same Python on any device (forty-ninth session, one H100: at 64 streams the
+whole-step layout cut a speculative step from 3.36 to 2.56 ms). `--skip-encoder-forward` (CPU) leaves the encoder's
+own work out of its calls, so that their phases time the host alone.
 """
 
 from __future__ import annotations

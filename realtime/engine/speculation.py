@@ -132,8 +132,9 @@ class SpeculativeConfig:
     # its rows, drafts past that buy fewer tokens than their rows cost: on the 2-core CPU 64 files at once decoded
     # at 32.2x real time with 6 drafts a stream and 78.2x with the cap (CPU_MAX_VERIFY_ROWS). Lossless either way.
     # None (`on`): CPU_MAX_VERIFY_ROWS on the CPU (at least k + 1, so a lone stream drafts all k), no limit
-    # elsewhere: on one H100 (bf16, k = 12) 64 files decoded at 0.63x plain decoding with a cap of 256 (3 drafts
-    # each) and 0.50x with 128 (none), against 1.01-1.36x uncapped (docs/benchmarks.md, issue 5, 48th session)
+    # elsewhere: on one H100 (bf16, k = 12, the per-stream layout) 64 files decoded at 0.63x plain decoding with a
+    # cap of 256 (3 drafts each) and 0.50x with 128 (none), against 1.01-1.36x uncapped (48th session); with the
+    # whole-step layout, 0.99x with nothing drafted against 1.38x uncapped (49th; docs/benchmarks.md, issue 5)
     max_verify_rows: int | None = None
 
     def on(self, device: torch.device) -> SpeculativeConfig:
@@ -169,7 +170,8 @@ MIN_CUT_DRAFTS = 3
 # from this many streams in a step on, a chain's rows are laid out for all of them at once (whole-step index arrays)
 # instead of a stream at a time: on the 2-core CPU the whole-step layout took ~220 us + ~1.5 us a stream of host
 # time, the per-stream one ~105 us + ~11.5 us a stream (benchmarks/host_phases.py --batch 1 to 64, forty-eighth
-# session: 64 streams 839-857 -> 306-346 us, 16 streams 287-291 -> 259-262 us, 8 streams 205 -> 243 us)
+# session: 64 streams 839-857 -> 306-346 us, 16 streams 287-291 -> 259-262 us, 8 streams 205 -> 243 us); on one
+# H100's host 1,091 -> 291 us at 64 streams and 295 -> 190 us at 16 (forty-ninth session)
 AT_ONCE_MIN_STREAMS = 12
 
 
