@@ -1373,7 +1373,12 @@ def test_graphs_equal_eager_with_speculation_on_gpu(tiny_ckpt, small_windows, cl
 @pytest.mark.parametrize("cls", [EagleDrafter, TwoPassEagleDrafter])
 def test_graphs_equal_eager_with_the_whole_step_layout_on_gpu(tiny_ckpt, monkeypatch, cls):
     """14 streams a step: the engine's own choice lays out a chain's rows all at once (from
-    AT_ONCE_MIN_STREAMS streams); graphs equal eager and both equal the single-stream sessions."""
+    AT_ONCE_MIN_STREAMS streams); graphs equal eager and both equal the plain engine at the same batch.
+
+    Not the single-stream sessions: on an H100 (fiftieth session) the plain engine itself, at 14 streams, took
+    another token than the session at one of 14 x ~48 positions (stream 4, token 12: 903 against 83), and equalled
+    the sessions at 3 and 1 streams. fp32 GEMMs reduce in a batch-dependent order and this random-weight model has
+    near-ties; speculation's claim is that it changes nothing the same engine would decode."""
     model, tok, drafter = gpu_echo_setup(tiny_ckpt, False, cls)
     n = max(14, speculation.AT_ONCE_MIN_STREAMS)
     clips = [synthetic_audio(2.0 + 0.25 * i, seed=700 + i) for i in range(n)]
@@ -1387,8 +1392,9 @@ def test_graphs_equal_eager_with_the_whole_step_layout_on_gpu(tiny_ckpt, monkeyp
         run = transcribe_batch(model, tok, clips, opts=opts, speculative=SpeculativeConfig(drafter, 4))
         outs[graphs] = [r.token_ids for r in run.results]
         assert run.stats.spec_drafted > 0 and at_once, graphs
+        plain = transcribe_batch(model, tok, clips, opts=opts)
+        assert outs[graphs] == [r.token_ids for r in plain.results], graphs
     assert outs[True] == outs[False]
-    assert outs[False] == [transcribe(model, tok, c).token_ids for c in clips]
 
 
 def test_shipped_drafter_speculates_losslessly_on_the_shipped_model():
