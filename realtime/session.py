@@ -29,7 +29,7 @@ class SessionError(RuntimeError):
     """A session used out of order (audio after finish, and so on)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a token of every offline stream and session
 class TokenEvent:
     token_id: int
     position: int  # LM position of the token

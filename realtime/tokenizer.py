@@ -143,16 +143,29 @@ class IncrementalDetokenizer:
 
     tokenizer: TextTokenizer
     _pending: bytes = b""
-    text: str = ""
     _parts: list[str] = field(default_factory=list)
+    # (delta, bytes held back) of a token pushed with nothing pending: that is nearly every push, and it depends on
+    # the token alone, so the byte work runs once a token id (an engine emits a token a stream every step).
+    _fresh: dict[int, tuple[str, bytes]] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """Everything pushed so far, as text (the deltas are kept as parts and joined here, when asked: appending
+        to one growing string would copy it at every token of a long stream)."""
+        if len(self._parts) > 1:
+            self._parts[:] = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
 
     def push(self, token_id: int) -> str:
-        data = self._pending + self.tokenizer.token_bytes(token_id)
-        cut = _complete_utf8_prefix(data)
-        delta = data[:cut].decode("utf-8", errors="replace")
-        self._pending = data[cut:]
+        if self._pending:
+            delta, self._pending = _split_complete(self._pending + self.tokenizer.token_bytes(token_id))
+        else:
+            hit = self._fresh.get(token_id)
+            if hit is None:
+                hit = self._fresh[token_id] = _split_complete(self.tokenizer.token_bytes(token_id))
+            delta, self._pending = hit
         if delta:
-            self.text += delta
+            self._parts.append(delta)
         return delta
 
     def flush(self) -> str:
@@ -161,8 +174,14 @@ class IncrementalDetokenizer:
             return ""
         delta = self._pending.decode("utf-8", errors="replace")
         self._pending = b""
-        self.text += delta
+        self._parts.append(delta)
         return delta
+
+
+def _split_complete(data: bytes) -> tuple[str, bytes]:
+    """(the text of data's complete characters, the bytes of an unfinished one at its end)."""
+    cut = _complete_utf8_prefix(data)
+    return data[:cut].decode("utf-8", errors="replace"), data[cut:]
 
 
 def _complete_utf8_prefix(data: bytes) -> int:

@@ -75,6 +75,26 @@ def test_multibyte_character_held_back_until_complete(backends):
     assert detok.flush().endswith("\ufffd")
 
 
+def test_a_token_reused_with_and_without_bytes_pending(backends):
+    """push() keeps the work of a token pushed with nothing pending and reuses it; a token that completes a pending
+    character must still join those bytes. The same byte tokens, alone and inside characters, in every order."""
+    tok = backends[0]
+    _, lead, *rest = tok.encode(" 東")  # the tiny vocabulary spells 東 with a token a byte
+    assert [len(tok.token_bytes(i)) for i in (lead, *rest)] == [1, 1, 1]
+    # `rest` alone (nothing pending) gives replacement characters; after `lead` it must give 東
+    pieces = [[lead], rest, [lead, *rest], tok.encode(" 東京"), [lead, *rest], tok.encode(" café"), rest]
+    detok = IncrementalDetokenizer(tok)
+    seen = []
+    for ids in pieces * 2:
+        bytes_in = b"".join(tok.token_bytes(i) for i in ids)
+        seen.append("".join(detok.push(i) for i in ids))
+        assert detok.text == "".join(seen)  # read mid-stream, then pushed to again
+        assert bytes_in  # every piece carries bytes: the cache is exercised on real text
+    detok.flush()
+    want = b"".join(tok.token_bytes(i) for ids in pieces * 2 for i in ids).decode("utf-8", errors="replace")
+    assert detok.text == want
+
+
 def test_leading_space_kept(backends):
     tok = backends[0]
     detok = IncrementalDetokenizer(tok)
