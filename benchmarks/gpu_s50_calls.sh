@@ -12,10 +12,5 @@ out=${1:?out dir}
 mkdir -p "$out/r"
 source benchmarks/gpu_setup.sh "$out/r"  # the wheels, the GPU's name; gpu_tests, pack
 gpu_tests spec_gpu 200 tests/test_speculative.py
-for b in 64 16; do
-  timeout 60 python3 benchmarks/host_phases.py --target models/default --drafter models/default_drafter \
-    --audio .bench_audio/* --clip-seconds 20 --batch "$b" --modes plain chain --repeats 3 \
-    --out "$GPU_DIR/phases_b$b.json" > "$GPU_DIR/phases_b$b.log" 2>&1
-  echo "phases_b$b rc=$?"; grep -E "host_phases: |Error" "$GPU_DIR/phases_b$b.log" | cut -c1-400
-done
+phases_ab 64 16
 pack "$out" && rm -rf "$out/r"

@@ -8,12 +8,6 @@ set -u
 out=$1
 mkdir -p "$out/r"
 source benchmarks/gpu_setup.sh "$out/r"
-git log -1 --format=%h > "$GPU_DIR/commit.txt"
-for b in 64 16; do
-  timeout 60 python3 benchmarks/host_phases.py --target models/default --drafter models/default_drafter \
-    --audio .bench_audio/* --clip-seconds 20 --batch "$b" --modes plain chain --repeats 3 \
-    --out "$GPU_DIR/phases_b$b.json" > "$GPU_DIR/phases_b$b.log" 2>&1
-  echo "phases_b$b rc=$?"; grep -E "host_phases: |Error" "$GPU_DIR/phases_b$b.log" | cut -c1-330
-done
+phases_ab 64 16
 gpu_tests engine_gpu 150 tests/test_engine.py tests/test_audio.py
 pack "$out" && rm -rf "$out/r"

@@ -62,6 +62,18 @@ b1_ab() {
   echo "$name rc=$?"; grep -E "bench_encoder_overlap: |Error" "$GPU_DIR/$name.log" | tail -3
 }
 
+# phases_ab BATCH...: host_phases.py on the embedded model and drafter, plain and chained speculation alternating
+# (20 s clips of .bench_audio, 3 repeats, 60 s each), into $GPU_DIR/phases_bBATCH.json and .log; prints the medians
+phases_ab() {
+  local b
+  for b in "$@"; do
+    timeout 60 python3 benchmarks/host_phases.py --target models/default --drafter models/default_drafter \
+      --audio .bench_audio/* --clip-seconds 20 --batch "$b" --modes plain chain --repeats 3 \
+      --out "$GPU_DIR/phases_b$b.json" > "$GPU_DIR/phases_b$b.log" 2>&1
+    echo "phases_b$b rc=$?"; grep -E "host_phases: |Error" "$GPU_DIR/phases_b$b.log" | cut -c1-400
+  done
+}
+
 # spec_run NAME SECONDS CLIPS [ARGS...]: bench_speculative.py offline on the embedded model and drafter (bf16, k = 6,
 # clips cut to 45 s, no flush) with ARGS (--batches, --repeats, --tree-nodes ...), into $GPU_DIR/NAME.json and .log;
 # environment switches go before the call (STREAMSCRIBE_ONE_ROW=0 spec_run ...); prints the summary line
