@@ -167,10 +167,10 @@ def evaluate(model_dir: Path, data: Path, *, delays: list[int], per_voice: int, 
     return decode_and_score(model_dir, items, workers=workers, deadline=deadline)
 
 
-def decode_and_score(model_dir: Path, items: list[EvalItem], *, workers: int, deadline: float | None = None
-                     ) -> dict:
-    """Decode `items` with the model in `model_dir` on `workers` processes and score them (`score`), plus
-    the decode's size and time and up to 40 examples at 480 ms (see `evaluate` for `deadline`)."""
+def decode_items(model_dir: Path, items: list[EvalItem], *, workers: int, deadline: float | None = None
+                 ) -> dict[int, str]:
+    """Decode `items` with the model in `model_dir` on `workers` processes: {item index: raw hypothesis}, the longest
+    480 ms items first (see `evaluate` for `deadline`: with one, the items not done by then are left out)."""
     order = sorted(range(len(items)), key=lambda i: (items[i].delay_ms != 480, -items[i].audio.size))
     t0 = time.time()
     hyps: dict[int, str] = {}
@@ -191,6 +191,15 @@ def decode_and_score(model_dir: Path, items: list[EvalItem], *, workers: int, de
             for fut in futures:
                 fut.cancel()
     print(file=sys.stderr)
+    return hyps
+
+
+def decode_and_score(model_dir: Path, items: list[EvalItem], *, workers: int, deadline: float | None = None
+                     ) -> dict:
+    """Decode `items` with the model in `model_dir` on `workers` processes and score them (`score`), plus
+    the decode's size and time and up to 40 examples at 480 ms (see `evaluate` for `deadline`)."""
+    t0 = time.time()
+    hyps = decode_items(model_dir, items, workers=workers, deadline=deadline)
     done = sorted(hyps)
     result = score([items[i] for i in done], [hyps[i] for i in done])
     audio_s = sum(items[i].audio.size for i in done) / 16000
