@@ -675,6 +675,93 @@ def test_next_audio_is_encoded_behind_the_lm_step(tiny_ckpt, encode_ahead):
         assert not any(ahead_flags)
 
 
+def test_a_steps_tokens_are_sent_while_the_next_step_runs(tiny_ckpt):
+    """A step's token events go out after the next step's launch and before the engine waits for that step's
+    tokens (the host's detokenising and callbacks overlap the device), every token still reaches its client in
+    order with the session's tokens, and the last ones arrive when no step follows."""
+    path = tiny_ckpt(seed=1)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=3, max_batch=3))
+    log: list[str] = []
+    real_decode, real_wait = eng.runner.decode_step, eng._token_copy.wait
+    eng.runner.decode_step = lambda streams: log.append("launch") or real_decode(streams)
+    eng._token_copy.wait = lambda: log.append("wait") or real_wait()
+    rec = Recorder()
+
+    def on_event(ev):
+        if isinstance(ev, StreamToken):
+            log.append("token")
+        rec(ev)
+
+    clips = [synthetic_audio(1.2 + 0.4 * i, seed=30 + i) for i in range(3)]
+    sids = [eng.open_stream(on_event) for _ in clips]
+    for sid, clip in zip(sids, clips):
+        eng.push_audio(sid, clip)
+        eng.finish_stream(sid)
+    drive(eng)
+    for sid, clip in zip(sids, clips):
+        assert rec.tokens(sid) == transcribe(model, tok, clip).token_ids
+        assert isinstance(rec.done(sid), StreamDone)
+    steps = "".join({"launch": "L", "wait": "W", "token": "t"}[e] for e in log).split("L")[1:]
+    assert len(steps) > 20
+    # a step sends the previous step's tokens between its launch and its wait ...
+    sent_in_flight = sum(step.split("W")[0].count("t") for step in steps)
+    assert sent_in_flight >= 0.8 * sum(step.count("t") for step in steps)
+    # ... and none between a step's wait and the next launch, except the end-of-stream flushes
+    late = [step.split("W", 1)[1].count("t") for step in steps if "W" in step]
+    assert sum(1 for n in late if n) <= len(clips)
+
+
+def test_tokens_of_a_lone_step_reach_an_idle_engines_client(tiny_ckpt):
+    """A live stream whose audio runs out: the engine goes idle, and the tokens of its last step are sent then,
+    not held until the next step."""
+    path = tiny_ckpt(seed=1)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=2, max_batch=2))
+    rec = Recorder()
+    sid = eng.open_stream(rec)
+    eng.push_audio(sid, synthetic_audio(1.5, seed=3))
+    drive(eng)  # until nothing is decodable: the stream is neither finished nor closed
+    s = eng._controls[sid].stream
+    assert len(s.tokens) > s.prompt_len + 3
+    assert rec.tokens(sid) == s.tokens[s.prompt_len:]
+    assert rec.done(sid) is None
+
+
+def test_a_closed_stream_gets_no_events_and_a_raising_callback_hurts_no_other(tiny_ckpt, caplog):
+    """Tokens decided for a stream whose client then closed it are not sent to it; a client callback that
+    raises is logged, and the engine and the other streams go on with the session's tokens."""
+    path = tiny_ckpt(seed=1)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=3, max_batch=3))
+    rec = Recorder()
+    raised = []
+
+    def bad(ev):
+        raised.append(ev)
+        raise RuntimeError("client bug")
+
+    clips = [synthetic_audio(1.5, seed=40 + i) for i in range(3)]
+    good, closing, broken = eng.open_stream(rec), eng.open_stream(rec), eng.open_stream(bad)
+    for sid, clip in zip((good, closing, broken), clips):
+        eng.push_audio(sid, clip)
+        eng.finish_stream(sid)
+    while len(eng._controls[closing].stream.tokens) <= eng._controls[closing].stream.prompt_len + 2:
+        eng._run_step(eng._sync_with_clients())
+    recorded = len(eng._controls[closing].stream.tokens) - eng._controls[closing].stream.prompt_len
+    eng.close_stream(closing)
+    drive(eng)
+    assert len(rec.tokens(closing)) < recorded  # the last step's tokens were not sent after the close
+    assert rec.done(closing) is None
+    assert rec.tokens(good) == transcribe(model, tok, clips[0]).token_ids
+    assert isinstance(rec.done(good), StreamDone)
+    assert len(raised) > 3 and isinstance(raised[-1], StreamDone)  # it was still sent every event, its end too
+    assert "event callback of stream" in caplog.text
+
+
 def test_a_step_visits_only_the_streams_with_work(tiny_ckpt):
     """Between steps the engine looks only at streams a client touched or that still have work: 20
     admitted streams without new audio cost a step nothing (a load test showed per-step scans of every

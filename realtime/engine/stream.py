@@ -32,6 +32,7 @@ class EngineStream:
     ended_by_eos: bool = False
     truncated: bool = False  # ended because it reached max_tokens
     done: bool = False
+    closed: bool = False  # its client closed it: events still unsent are not sent (`BatchedEngine._send_tokens`)
     # audio pushed by the client and not yet handed to the mel front-end (filled under the engine lock)
     inbox: deque = field(default_factory=deque)
     inbox_samples: int = 0
