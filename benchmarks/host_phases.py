@@ -25,7 +25,9 @@ mode's `@LAYOUT`) picks how a step's rows are laid out on the host, and `--max-v
 rows (`SpeculativeConfig.max_verify_rows`; with N streams, R < 4 N drafts nothing): the host's share of a
 many-stream step, which is the same Python on any device (forty-ninth session, one H100: at 64 streams the
 whole-step layout cut a speculative step from 3.36 to 2.56 ms). `--skip-encoder-forward` (CPU) leaves the encoder's
-own work out of its calls, so that their phases time the host alone.
+own work out of its calls, so that their phases time the host alone. `--tokens-in-flight off` sends a step's token
+events at the end of their own step instead of while the device runs the next (CUDA's default since the fiftieth
+session): the `emit` phase then no longer overlaps the device, and `wait` shows what that costs.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from speculative.drafter import load_drafter
 log = logging.getLogger("host_phases")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _AT_ONCE_FROM = {"auto": None, "per-stream": 10**9, "at-once": 1}  # --layout -> Speculator.at_once_from
+_IN_FLIGHT = {"auto": None, "on": True, "off": False}  # --tokens-in-flight -> RunnerOptions.send_tokens_in_flight
 
 
 class PhaseClock:
@@ -98,7 +101,7 @@ def instrument(eng: BatchedEngine) -> PhaseClock:
 
 def run_mode(model, tok, clips: list, mode: str, drafter, k: int, graphs: bool,
              max_verify_rows: int | None = None, at_once_from: int | None = None,
-             skip_encoder_forward: bool = False) -> dict:
+             skip_encoder_forward: bool = False, tokens_in_flight: bool | None = None) -> dict:
     """One offline run of `clips` decoded together in `mode`; phases in microseconds a step.
     `skip_encoder_forward` (eager only): the encoder calls do all their host work but not the encoder itself, so
     that on the CPU, where the device's work is the host's too, the encode phases time the host alone (the LM
@@ -113,7 +116,8 @@ def run_mode(model, tok, clips: list, mode: str, drafter, k: int, graphs: bool,
                                  tree_nodes=None if mode in ("chain", "host-chain") else int(mode),
                                  chained_rounds=0 if mode == "host-chain" else 8, max_verify_rows=max_verify_rows)
     n = len(clips)
-    opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=graphs, max_step_tokens=step_tokens_for(k))
+    opts = RunnerOptions(max_streams=n, max_batch=n, cuda_graphs=graphs, max_step_tokens=step_tokens_for(k),
+                         send_tokens_in_flight=tokens_in_flight)
     eng = BatchedEngine(model, tok, opts=opts, speculative=spec)
     if eng.speculator is not None and at_once_from is not None:
         eng.speculator.at_once_from = at_once_from
@@ -180,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-encoder-forward", action="store_true",
                     help="CPU: encoder calls without the encoder's own work, so that encode and look-ahead phases "
                          "time their host work alone (the tokens are then meaningless)")
+    ap.add_argument("--tokens-in-flight", choices=sorted(_IN_FLIGHT), default="auto",
+                    help="send a step's token events while the device runs the next step (on), at the end of their "
+                         "own step (off), or the engine's default (auto: on with CUDA; RunnerOptions."
+                         "send_tokens_in_flight)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default=None)
     ap.add_argument("--out", default="host_phases.json")
@@ -205,11 +213,12 @@ def main(argv: list[str] | None = None) -> int:
             for m in args.modes:
                 base, _, layout = m.partition("@")
                 runs[m].append(run_mode(model, tok, group, base, drafter, args.k, graphs, args.max_verify_rows,
-                                        _AT_ONCE_FROM[layout or args.layout], args.skip_encoder_forward))
+                                        _AT_ONCE_FROM[layout or args.layout], args.skip_encoder_forward,
+                                        _IN_FLIGHT[args.tokens_in_flight]))
     report = {"device": torch.cuda.get_device_name() if graphs else "cpu", "dtype": str(dtype), "k": args.k,
               "clips": args.audio, "clip_seconds": args.clip_seconds, "repeats": args.repeats, "batch": args.batch,
               "max_verify_rows": args.max_verify_rows, "layout": args.layout,
-              "skip_encoder_forward": args.skip_encoder_forward,
+              "skip_encoder_forward": args.skip_encoder_forward, "tokens_in_flight": args.tokens_in_flight,
               "modes": {}}
     for m, rs in runs.items():
         names = rs[0]["phases_us_per_step"].keys()

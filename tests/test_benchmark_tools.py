@@ -202,6 +202,36 @@ def test_host_phases_can_time_the_encoders_host_work_alone(tiny_ckpt, monkeypatc
         run_mode(model, tok, clips, "plain", None, 3, True, skip_encoder_forward=True)
 
 
+def test_host_phases_sends_tokens_as_told(tiny_ckpt, monkeypatch) -> None:
+    """`run_mode(..., tokens_in_flight=...)` builds its engine with that `send_tokens_in_flight` (on, off, or the
+    engine's default), and the tokens do not change."""
+    from conftest import synthetic_audio
+    from host_phases import _IN_FLIGHT, run_mode
+
+    from realtime.engine import BatchedEngine
+    from realtime.loader import load_model
+    from realtime.tokenizer import load_tokenizer
+
+    path = tiny_ckpt(seed=2)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    seen = []
+    real_init = BatchedEngine.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        seen.append(self._send_in_flight)
+
+    monkeypatch.setattr(BatchedEngine, "__init__", init)
+    clips = [synthetic_audio(1.0, seed=3), synthetic_audio(1.3, seed=4)]
+    tokens = {}
+    for name in ("on", "off", "auto"):
+        seen.clear()
+        tokens[name] = run_mode(model, tok, clips, "plain", None, 3, False, tokens_in_flight=_IN_FLIGHT[name])["tokens"]
+        assert seen == [{"on": True, "off": False, "auto": False}[name]], name  # auto: off on the CPU
+    assert tokens["on"] == tokens["off"] == tokens["auto"] > 0
+
+
 def test_synthetic_streams_in_the_engines_order_decode_the_same_tokens(tiny_ckpt) -> None:
     """`bench_engine.SyntheticStreams` with `ahead` (the next token's encoder after the LM launch, as the
     engine runs a backlog) times the same work as its serial order: the same audio gives the same

@@ -125,6 +125,8 @@ class BatchedEngine:
         self._step = 0
         # tokens decided whose text and event are not sent yet: (stream, token, LM position); `_send_tokens`
         self._unsent: list[tuple[EngineStream, int, int]] = []
+        in_flight = self.opts.send_tokens_in_flight
+        self._send_in_flight = self.runner.device.type == "cuda" if in_flight is None else in_flight
 
     # -- interface (any thread) ------------------------------------------------------------------
     def start(self) -> None:
@@ -347,6 +349,8 @@ class BatchedEngine:
                 n_emitted += 1
                 if s.is_finished():  # EOS among accepted tokens: nothing after it is kept
                     break
+        if not self._send_in_flight:
+            self._send_tokens()
         self._step += 1
         with self._lock:
             self._stats.steps += 1
@@ -385,7 +389,10 @@ class BatchedEngine:
                          and s.audio_tokens_ready(mpt)]
                 if ahead:
                     self._encode_plain(ahead, ahead=True)
-        self._send_tokens()  # the previous step's text and events, while the device runs this one
+        if self._send_in_flight:
+            # the previous step's text and events, while the device runs this one (after the next step's encoder
+            # work is queued: the device gets its work first, the clients their tokens a little later)
+            self._send_tokens()
         host = self._token_copy.wait()
         self.runner.fence.passed(queued)  # the staging copies queued before the tokens have run
         return host
@@ -411,11 +418,12 @@ class BatchedEngine:
         self._unsent.append((s, tok, len(s.tokens) - 1))
 
     def _send_tokens(self) -> None:
-        """The text and events of the tokens recorded so far, in order. The engine sends a step's tokens while the
-        device runs the next step (`_launch_step`, before it waits for that step's tokens): detokenising and the
-        callbacks take the host about 3 us a token (5 ms a step at 1,500 tokens), which the device would otherwise
-        sit out. They go at once where no step follows (an idle engine) and before a stream's end or failure, so a
-        client sees every token, in order, before its stream's last event. A stream its client closed gets none."""
+        """The text and events of the tokens recorded so far, in order. With `send_tokens_in_flight` (CUDA) the
+        engine sends a step's tokens while the device runs the next step (`_launch_step`, once that step's launches
+        are queued): detokenising and the callbacks take the host about 3 us a token (5 ms a step at 1,500 tokens),
+        which the device would otherwise sit out. They go at once where no step follows (an idle engine) and before
+        a stream's end or failure, so a client sees every token, in order, before its stream's last event; without
+        the option, at the end of their own step. A stream its client closed gets none."""
         unsent, self._unsent = self._unsent, []
         for s, tok, pos in unsent:
             if s.closed:

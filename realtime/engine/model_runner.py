@@ -57,6 +57,11 @@ class RunnerOptions:
     # small batches, and side by side they hide part of each other's fixed per-kernel costs. Outputs
     # are the same as with one stream (the same kernels on the same inputs)
     encoder_stream: bool = True
+    # a step's token texts and events are sent while the device runs the next step (`BatchedEngine._send_tokens`):
+    # detokenising and the callbacks (about 3 us a token) overlap the device instead of delaying the next launch,
+    # and each token reaches its client that next step's host work later. None: on CUDA only (on the CPU the
+    # "device" is the host: nothing would overlap, and a token would wait a whole step)
+    send_tokens_in_flight: bool | None = None
     # CUDA with an encoder stream: the encoder's kernels run in a green context of this many SMs
     # (`torch.cuda.green_contexts`), so that they cannot spread over the SMs the LM's chain needs; the LM keeps
     # every SM. None: STREAMSCRIBE_ENCODER_SMS if set, else all SMs. Measured slower at every count tried (full-size
