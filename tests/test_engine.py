@@ -722,7 +722,7 @@ def test_a_steps_tokens_are_sent_while_the_next_step_runs(tiny_ckpt, in_flight):
 
 def test_tokens_of_a_lone_step_reach_an_idle_engines_client(tiny_ckpt):
     """A live stream whose audio runs out: the engine goes idle, and the tokens of its last step are sent then,
-    not held until the next step."""
+    not held until the next step; so are those of an engine stopped between steps."""
     path = tiny_ckpt(seed=1)
     model, _ = load_model(path)
     tok = load_tokenizer(path)
@@ -735,6 +735,13 @@ def test_tokens_of_a_lone_step_reach_an_idle_engines_client(tiny_ckpt):
     assert len(s.tokens) > s.prompt_len + 3
     assert rec.tokens(sid) == s.tokens[s.prompt_len:]
     assert rec.done(sid) is None
+    # a step's tokens wait for the next step's launch; an engine stopped before it still delivers them
+    eng.push_audio(sid, synthetic_audio(0.5, seed=4))
+    eng._run_step(eng._sync_with_clients())
+    assert eng._unsent and len(rec.tokens(sid)) < len(s.tokens) - s.prompt_len
+    eng._stop = True
+    eng._loop()
+    assert rec.tokens(sid) == s.tokens[s.prompt_len:] and not eng._unsent
 
 
 def test_a_closed_stream_gets_no_events_and_a_raising_callback_hurts_no_other(tiny_ckpt, caplog):
