@@ -89,11 +89,13 @@ def run_join_leave_scenario(model, tok, opts: RunnerOptions, n: int = 16, seed: 
     assert eng.runner.lm_cache.pool.free == eng.runner.lm_cache.pool.num_blocks
 
 
-@pytest.mark.parametrize("small_windows", [False, True])
-def test_sixteen_streams_join_and_leave(tiny_ckpt, small_windows):
+@pytest.mark.parametrize(("small_windows", "in_flight"), [(False, None), (True, None), (True, True)])
+def test_sixteen_streams_join_and_leave(tiny_ckpt, small_windows, in_flight):
+    """(in_flight: CUDA's default, a step's tokens sent while the next step runs, on the CPU too)"""
     path = tiny_ckpt(seed=1, small_windows=small_windows)
     model, _ = load_model(path)
-    run_join_leave_scenario(model, load_tokenizer(path), RunnerOptions(max_streams=12, max_batch=8, block_size=4))
+    run_join_leave_scenario(model, load_tokenizer(path), RunnerOptions(max_streams=12, max_batch=8, block_size=4,
+                                                                        send_tokens_in_flight=in_flight))
 
 
 @pytest.mark.parametrize("small_windows", [False, True])

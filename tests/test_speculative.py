@@ -740,6 +740,10 @@ def test_speculative_engine_equals_plain_engine(tiny_ckpt, trained, dtype):
     assert spec == plain
     if dtype == torch.float32:
         assert_partial_acceptance(eng.stats())
+        # CUDA's default: a step's tokens are sent while the next step runs (the CPU's, at the end of their step)
+        in_flight = dataclasses.replace(opts, send_tokens_in_flight=True)
+        eng, spec = run_streams(model, tok, drafter, clips, schedules, delays=delays, opts=in_flight)
+        assert spec == plain and eng._send_in_flight
 
 
 def test_offline_cli_with_drafter(target, tiny_ckpt, tmp_path, capsys, caplog, monkeypatch):
