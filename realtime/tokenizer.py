@@ -142,16 +142,16 @@ class IncrementalDetokenizer:
     """Turns a stream of token ids into text deltas; never splits a UTF-8 character."""
 
     tokenizer: TextTokenizer
+    # (delta, bytes held back) of a token pushed with nothing pending: that is nearly every push, and it depends on
+    # the token alone, so its byte work runs once a token id. Bounded by the vocabulary; share one dict among the
+    # detokenisers of one tokenizer on one thread (the engine does), so that it is built once, not once a stream.
+    text_cache: dict[int, tuple[str, bytes]] = field(default_factory=dict)
     _pending: bytes = b""
     _parts: list[str] = field(default_factory=list)
-    # (delta, bytes held back) of a token pushed with nothing pending: that is nearly every push, and it depends on
-    # the token alone, so the byte work runs once a token id (an engine emits a token a stream every step).
-    _fresh: dict[int, tuple[str, bytes]] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
-        """Everything pushed so far, as text (the deltas are kept as parts and joined here, when asked: appending
-        to one growing string would copy it at every token of a long stream)."""
+        """Everything pushed so far, as text."""
         if len(self._parts) > 1:
             self._parts[:] = ["".join(self._parts)]
         return self._parts[0] if self._parts else ""
@@ -160,12 +160,12 @@ class IncrementalDetokenizer:
         if self._pending:
             delta, self._pending = _split_complete(self._pending + self.tokenizer.token_bytes(token_id))
         else:
-            hit = self._fresh.get(token_id)
+            hit = self.text_cache.get(token_id)
             if hit is None:
-                hit = self._fresh[token_id] = _split_complete(self.tokenizer.token_bytes(token_id))
+                hit = self.text_cache[token_id] = _split_complete(self.tokenizer.token_bytes(token_id))
             delta, self._pending = hit
         if delta:
-            self._parts.append(delta)
+            self._append(delta)
         return delta
 
     def flush(self) -> str:
@@ -174,8 +174,19 @@ class IncrementalDetokenizer:
             return ""
         delta = self._pending.decode("utf-8", errors="replace")
         self._pending = b""
-        self._parts.append(delta)
+        self._append(delta)
         return delta
+
+    def _append(self, delta: str) -> None:
+        # Deltas are kept as parts, joined every PARTS_JOINED of them: appending to one string copied the whole
+        # transcript at every text token (quadratic over a long stream), and keeping every part would cost a str
+        # object (about 50 bytes) per word of a 3-hour stream.
+        self._parts.append(delta)
+        if len(self._parts) > PARTS_JOINED:
+            self._parts[:] = ["".join(self._parts)]
+
+
+PARTS_JOINED = 64
 
 
 def _split_complete(data: bytes) -> tuple[str, bytes]:

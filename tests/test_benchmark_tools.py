@@ -419,3 +419,28 @@ def test_accent_variant_probe_names_which_half_each_part_of_a_voice_is_from() ->
     assert kind_of("en-029") == "accent held-out, variant train"  # no variant: the training voices' plain one
     assert kind_of("en-us+f4") == "accent train, variant held-out"
     assert kind_of("en-gb-x-gbcwmd+Alex") == "accent neither, variant neither"
+
+
+def test_bench_detokenizer_compares_three_transcript_keepings(tmp_path) -> None:
+    """`bench_detokenizer.py` runs the current detokeniser and the two earlier ways of keeping the transcript on one
+    token stream; they give the same text (it exits otherwise), and its report has a figure for each."""
+    import json
+
+    from bench_detokenizer import AppendedString, EveryPart, main, token_stream
+
+    from realtime.tokenizer import IncrementalDetokenizer, load_tokenizer
+
+    model = str(Path(__file__).resolve().parent.parent / "models" / "default")
+    assert main(["--model", model, "--words", "300", "--repeats", "1", "--out", str(tmp_path / "d.json")]) == 0
+    report = json.loads((tmp_path / "d.json").read_text())
+    assert set(report["variants"]) == {"appended_string", "every_part", "current"} and report["pushes"] > 300
+    assert all(v["us_per_push"] > 0 and v["bytes_held"] > 0 for v in report["variants"].values())
+    tok = load_tokenizer(model)
+    ids = token_stream(tok, 300)
+    texts = []
+    for cls in (AppendedString, EveryPart, IncrementalDetokenizer):
+        d = cls(tok)
+        for i in ids:
+            d.push(i)
+        texts.append(d.text)
+    assert texts[0] == texts[1] == texts[2] == tok.decode(ids)

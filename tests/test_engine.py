@@ -701,6 +701,8 @@ def test_a_steps_tokens_are_sent_while_the_next_step_runs(tiny_ckpt, in_flight):
 
     clips = [synthetic_audio(1.2 + 0.4 * i, seed=30 + i) for i in range(3)]
     sids = [eng.open_stream(on_event) for _ in clips]
+    # one detokeniser cache for every stream (bounded by the vocabulary, not by the streams)
+    assert len({id(eng._controls[sid].stream.detok.text_cache) for sid in sids}) == 1
     for sid, clip in zip(sids, clips):
         eng.push_audio(sid, clip)
         eng.finish_stream(sid)

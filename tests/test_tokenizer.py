@@ -93,6 +93,28 @@ def test_a_token_reused_with_and_without_bytes_pending(backends):
     detok.flush()
     want = b"".join(tok.token_bytes(i) for ids in pieces * 2 for i in ids).decode("utf-8", errors="replace")
     assert detok.text == want
+    # a second detokeniser sharing the first one's cache (as an engine's streams do) gives the same text
+    other = IncrementalDetokenizer(tok, detok.text_cache)
+    for ids in pieces * 2:
+        for i in ids:
+            other.push(i)
+    other.flush()
+    assert other.text == want and other.text_cache is detok.text_cache and len(detok.text_cache) > 3
+
+
+def test_a_long_stream_keeps_few_parts(backends):
+    """Deltas are joined every PARTS_JOINED of them: a long stream holds one string and a few parts, not one object a
+    word, and its text is every delta in order."""
+    from realtime.tokenizer import PARTS_JOINED
+
+    tok = backends[0]
+    ids = tok.encode(" " + " ".join(f"word{i}" for i in range(2000)))
+    detok = IncrementalDetokenizer(tok)
+    deltas = []
+    for i in ids:
+        deltas.append(detok.push(i))
+        assert len(detok._parts) <= PARTS_JOINED
+    assert detok.text == "".join(deltas) == tok.decode(ids)
 
 
 def test_leading_space_kept(backends):

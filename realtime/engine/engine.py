@@ -125,6 +125,8 @@ class BatchedEngine:
         self._step = 0
         # tokens decided whose text and event are not sent yet: (stream, token, LM position); `_send_tokens`
         self._unsent: list[tuple[EngineStream, int, int]] = []
+        # every stream's detokeniser reads and fills this one (engine thread only: see IncrementalDetokenizer)
+        self._text_cache: dict[int, tuple[str, bytes]] = {}
         in_flight = self.opts.send_tokens_in_flight
         self._send_in_flight = self.runner.device.type == "cuda" if in_flight is None else in_flight
 
@@ -161,7 +163,8 @@ class BatchedEngine:
             sid = self._next_id
             self._next_id += 1
             stream = EngineStream(sid, slot, delay_tokens, c.prompt_ids(delay_tokens), on_event, mel,
-                                  IncrementalDetokenizer(self.tokenizer), max_tokens=self.runner.max_tokens)
+                                  IncrementalDetokenizer(self.tokenizer, self._text_cache),
+                                  max_tokens=self.runner.max_tokens)
             self._controls[sid] = _Control(stream)
             self._dirty.add(sid)
             self._stats.active_streams = len(self._controls)
