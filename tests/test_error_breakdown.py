@@ -46,6 +46,9 @@ def test_the_most_frequent_substitution_comes_first():
     out = breakdown(ROWS)
     assert out["top_substitutions"][0] == ("the -> a", 2)
     assert sum(n for _, n in out["top_substitutions"]) == 2
+    # by count, not by name: "bat -> hat" sorts first by name and comes second
+    out = breakdown([("c", "the bat", "a hat"), ("c", "the cat", "a cat"), ("c", "the dog", "a dog")])
+    assert out["top_substitutions"] == [("the -> a", 3), ("bat -> hat", 1)]
 
 
 def test_cli_asks_for_the_shards_it_needs(tmp_path, capsys):
