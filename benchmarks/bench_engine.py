@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from host_phases import _IN_FLIGHT  # --tokens-in-flight -> RunnerOptions.send_tokens_in_flight
 from profile_tools import kernel_profile
 
 from realtime.engine.model_runner import ModelRunner, RunnerOptions, kv_bytes_per_stream
@@ -274,7 +275,7 @@ def bench_b2(model, counts: list[int], steps: int, session_s: float, trace: bool
 
 
 def paced_run(model, tokenizer, n: int, seconds: float, session_s: float, stagger_s: float = 2.0,
-              warmup_s: float = 3.0) -> dict:
+              warmup_s: float = 3.0, tokens_in_flight: bool | None = None) -> dict:
     """n streams fed at real time through the engine thread (80 ms chunks), joining over `stagger_s`.
 
     Emission lag of a token = wall clock when it is emitted - wall clock when the audio it covers
@@ -289,7 +290,8 @@ def paced_run(model, tokenizer, n: int, seconds: float, session_s: float, stagge
 
     gc.collect()  # earlier runners hold CUDA-graph pools through reference cycles
     torch.cuda.empty_cache()
-    eng = BatchedEngine(model, tokenizer, opts=RunnerOptions(max_streams=n, max_batch=n, max_session_seconds=session_s))
+    eng = BatchedEngine(model, tokenizer, opts=RunnerOptions(max_streams=n, max_batch=n, max_session_seconds=session_s,
+                                                             send_tokens_in_flight=tokens_in_flight))
     lags: list[float] = []
     lock = threading.Lock()
     t_start: dict[int, float] = {}
@@ -410,6 +412,9 @@ def main() -> int:
     ap.add_argument("--paced-streams", default="", help="comma list: paced runs at these counts (default: B2's best)")
     ap.add_argument("--trace", action="store_true", help="B2: per-step phase times and the slowest steps")
     ap.add_argument("--profile", action="store_true", help="B1: kernel inventory of a step (torch.profiler)")
+    ap.add_argument("--tokens-in-flight", choices=sorted(_IN_FLIGHT), default="auto",
+                    help="paced runs: send a step's token events while the device runs the next step (on), at the end "
+                         "of their own step (off), or the engine's default for the device (auto)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: b1,b2,paced,b3,b4")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
@@ -456,7 +461,8 @@ def main() -> int:
 
             report["B2_paced"] = []
             for n in sorted(set(paced)):
-                report["B2_paced"].append(paced_run(model, _NoText(), n, args.paced_seconds, args.session_s))
+                report["B2_paced"].append(paced_run(model, _NoText(), n, args.paced_seconds, args.session_s,
+                                                     tokens_in_flight=_IN_FLIGHT[args.tokens_in_flight]))
                 log.info("paced %s", report["B2_paced"][-1])
                 gc.collect()
                 torch.cuda.empty_cache()

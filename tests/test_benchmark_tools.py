@@ -202,20 +202,11 @@ def test_host_phases_can_time_the_encoders_host_work_alone(tiny_ckpt, monkeypatc
         run_mode(model, tok, clips, "plain", None, 3, True, skip_encoder_forward=True)
 
 
-def test_host_phases_sends_tokens_as_told(tiny_ckpt, monkeypatch) -> None:
-    """`run_mode(..., tokens_in_flight=...)` builds its engine with that `send_tokens_in_flight` (on, off, or the
-    engine's default), and the tokens do not change."""
-    from conftest import synthetic_audio
-    from host_phases import _IN_FLIGHT, run_mode
-
+def _record_send_in_flight(monkeypatch) -> list[bool]:
+    """The `send_tokens_in_flight` each `BatchedEngine` made from now on settled on, in order."""
     from realtime.engine import BatchedEngine
-    from realtime.loader import load_model
-    from realtime.tokenizer import load_tokenizer
 
-    path = tiny_ckpt(seed=2)
-    model, _ = load_model(path)
-    tok = load_tokenizer(path)
-    seen = []
+    seen: list[bool] = []
     real_init = BatchedEngine.__init__
 
     def init(self, *a, **k):
@@ -223,6 +214,22 @@ def test_host_phases_sends_tokens_as_told(tiny_ckpt, monkeypatch) -> None:
         seen.append(self._send_in_flight)
 
     monkeypatch.setattr(BatchedEngine, "__init__", init)
+    return seen
+
+
+def test_host_phases_sends_tokens_as_told(tiny_ckpt, monkeypatch) -> None:
+    """`run_mode(..., tokens_in_flight=...)` builds its engine with that `send_tokens_in_flight` (on, off, or the
+    engine's default), and the tokens do not change."""
+    from conftest import synthetic_audio
+    from host_phases import _IN_FLIGHT, run_mode
+
+    from realtime.loader import load_model
+    from realtime.tokenizer import load_tokenizer
+
+    path = tiny_ckpt(seed=2)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    seen = _record_send_in_flight(monkeypatch)
     clips = [synthetic_audio(1.0, seed=3), synthetic_audio(1.3, seed=4)]
     tokens = {}
     for name in ("on", "off", "auto"):
@@ -230,6 +237,27 @@ def test_host_phases_sends_tokens_as_told(tiny_ckpt, monkeypatch) -> None:
         tokens[name] = run_mode(model, tok, clips, "plain", None, 3, False, tokens_in_flight=_IN_FLIGHT[name])["tokens"]
         assert seen == [{"on": True, "off": False, "auto": False}[name]], name  # auto: off on the CPU
     assert tokens["on"] == tokens["off"] == tokens["auto"] > 0
+
+
+def test_paced_run_sends_tokens_as_told(tiny_ckpt, monkeypatch) -> None:
+    """`bench_engine.paced_run(..., tokens_in_flight=...)` builds its engine with that `send_tokens_in_flight`, and
+    its paced streams' tokens reach the lag measure either way."""
+    from bench_engine import paced_run
+
+    from realtime.loader import load_model
+    from realtime.tokenizer import load_tokenizer
+
+    path = tiny_ckpt(seed=2)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    seen = _record_send_in_flight(monkeypatch)
+    for flag in (True, False, None):
+        seen.clear()
+        rep = paced_run(model, tok, 2, 1.0, 60.0, stagger_s=0.2, warmup_s=0.0, tokens_in_flight=flag)
+        assert seen == [bool(flag)], flag  # None: the engine's default, off on the CPU
+        # 1 s of audio is 12 positions a stream past the prompt's, of which the prompt holds the 480 ms delay's 6
+        assert rep["streams"] == 2 and 2 * 4 <= rep["tokens_measured"] <= 2 * 7, rep
+        assert 0 < rep["lag_p50_ms"] <= rep["lag_p99_ms"] <= rep["lag_max_ms"]
 
 
 def test_synthetic_streams_in_the_engines_order_decode_the_same_tokens(tiny_ckpt) -> None:
