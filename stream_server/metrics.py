@@ -144,6 +144,16 @@ class Metrics:
         self.spec_drafted = Gauge("streamscribe_spec_drafted_tokens", "Draft tokens proposed (speculative decoding).")
         self.spec_accepted = Gauge("streamscribe_spec_accepted_tokens", "Draft tokens accepted by the target.")
         self.spec_acceptance = Gauge("streamscribe_spec_acceptance_rate", "Accepted / drafted tokens.")
+        self.spec_rounds = Gauge("streamscribe_spec_rounds", "Verify steps of a stream that carried at least one draft.")
+        self.spec_mean_length = Gauge("streamscribe_spec_mean_acceptance_length",
+                                      "Tokens a stream gets from one verify step with drafts: 1 + accepted / rounds.")
+        self.spec_position_drafted = Gauge("streamscribe_spec_position_drafted_tokens",
+                                           "Draft tokens proposed at each draft depth (0: the first draft).",
+                                           ("position",))
+        self.spec_position_accepted = Gauge("streamscribe_spec_position_accepted_tokens",
+                                            "Draft tokens accepted at each draft depth.", ("position",))
+        self.spec_position_acceptance = Gauge("streamscribe_spec_position_acceptance_rate",
+                                              "Accepted / drafted tokens at each draft depth.", ("position",))
         self.session_seconds = Histogram("streamscribe_session_duration_seconds", "Length of finished sessions.",
                                          _SESSION_BUCKETS)
         self.http_requests = Counter("streamscribe_http_transcriptions_total",
@@ -171,6 +181,14 @@ class Metrics:
         self.spec_drafted.set(getattr(stats, "spec_drafted", 0))
         self.spec_accepted.set(getattr(stats, "spec_accepted", 0))
         self.spec_acceptance.set(getattr(stats, "spec_acceptance_rate", 0.0))
+        self.spec_rounds.set(getattr(stats, "spec_rounds", 0))
+        self.spec_mean_length.set(getattr(stats, "spec_mean_acceptance_length", 0.0))
+        drafted_at = list(getattr(stats, "spec_drafted_per_position", ()) or ())
+        accepted_at = list(getattr(stats, "spec_accepted_per_position", ()) or ())
+        for i, (d, a) in enumerate(zip(drafted_at, accepted_at)):
+            self.spec_position_drafted.set(d, str(i))
+            self.spec_position_accepted.set(a, str(i))
+            self.spec_position_acceptance.set(a / d if d else 0.0, str(i))
 
     def render(self) -> str:
         lines: list[str] = []

@@ -117,6 +117,16 @@ async def test_vllm_utterances_with_a_drafter(ckpt, tmp_path, start_server, refe
         drafted = [float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith("streamscribe_spec_drafted_tokens ")]
         assert drafted and drafted[0] > 0
         assert np.isfinite(stats.spec_accepted)
+        # the mean acceptance length and the first draft depth's counts, as the engine counted them
+        stats = eng.stats()
+        _, _, body = http_get(f"http://127.0.0.1:{srv.port}/metrics")
+        text = body.decode()
+        mean = [float(ln.split()[-1]) for ln in text.splitlines()
+                if ln.startswith("streamscribe_spec_mean_acceptance_length ")]
+        assert mean and mean[0] >= 1.0 and mean[0] == pytest.approx(stats.spec_mean_acceptance_length)
+        first = [float(ln.split()[-1]) for ln in text.splitlines()
+                 if ln.startswith('streamscribe_spec_position_drafted_tokens{position="0"} ')]
+        assert first == [stats.spec_drafted_per_position[0]] and first[0] > 0
     finally:
         eng.stop()
 

@@ -179,6 +179,24 @@ def test_metrics_page_lists_every_metric():
     assert all(f"# TYPE {n} " in text for n in names), [n for n in names if f"# TYPE {n} " not in text]
 
 
+def test_metrics_export_speculation_per_draft_depth():
+    """/metrics carries speculation's acceptance rate, mean acceptance length and acceptance at each draft depth, from
+    the engine's counters; an engine that drafted nothing at a depth shows 0 there, not a division error."""
+    from realtime.serving import EngineStats
+
+    m = Metrics()
+    m.record_engine_stats(EngineStats(spec_rounds=4, spec_drafted=10, spec_accepted=5,
+                                      spec_drafted_per_position=[4, 4, 2, 0], spec_accepted_per_position=[3, 2, 0, 0]))
+    lines = set(m.render().splitlines())
+    assert {"streamscribe_spec_acceptance_rate 0.5", "streamscribe_spec_rounds 4",
+            "streamscribe_spec_mean_acceptance_length 2.25"} <= lines  # 1 + 5 accepted / 4 rounds
+    for i, (d, a, r) in enumerate([(4, 3, "0.75"), (4, 2, "0.5"), (2, 0, "0"), (0, 0, "0")]):
+        assert {f'streamscribe_spec_position_drafted_tokens{{position="{i}"}} {d}',
+                f'streamscribe_spec_position_accepted_tokens{{position="{i}"}} {a}',
+                f'streamscribe_spec_position_acceptance_rate{{position="{i}"}} {r}'} <= lines, i
+    assert not any("position=\"4\"" in ln for ln in lines)
+
+
 # -- VAD -----------------------------------------------------------------------------------------------
 def test_turn_detector_finds_speech_and_keeps_every_sample():
     sil = np.zeros(16000, np.float32)
