@@ -144,7 +144,8 @@ class Metrics:
         self.spec_drafted = Gauge("streamscribe_spec_drafted_tokens", "Draft tokens proposed (speculative decoding).")
         self.spec_accepted = Gauge("streamscribe_spec_accepted_tokens", "Draft tokens accepted by the target.")
         self.spec_acceptance = Gauge("streamscribe_spec_acceptance_rate", "Accepted / drafted tokens.")
-        self.spec_rounds = Gauge("streamscribe_spec_rounds", "Verify steps of a stream that carried at least one draft.")
+        self.spec_rounds = Gauge("streamscribe_spec_rounds",
+                                 "Verify steps of a stream that carried at least one draft.")
         self.spec_mean_length = Gauge("streamscribe_spec_mean_acceptance_length",
                                       "Tokens a stream gets from one verify step with drafts: 1 + accepted / rounds.")
         self.spec_position_drafted = Gauge("streamscribe_spec_position_drafted_tokens",
