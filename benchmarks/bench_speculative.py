@@ -77,8 +77,7 @@ def acceptance(st) -> dict:
             "rounds": st.spec_rounds, "drafted": st.spec_drafted, "accepted": st.spec_accepted,
             "accepted_per_position": list(st.spec_accepted_per_position),
             "drafted_per_position": list(st.spec_drafted_per_position),
-            "per_position_acceptance": [a / d if d else 0.0 for a, d in
-                                        zip(st.spec_accepted_per_position, st.spec_drafted_per_position)]}
+            "per_position_acceptance": st.spec_acceptance_per_position}
 
 
 def pooled(runs: list[dict]) -> dict:

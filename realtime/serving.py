@@ -96,6 +96,11 @@ class EngineStats:
         return self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0
 
     @property
+    def spec_acceptance_per_position(self) -> list[float]:
+        """accepted / drafted at each draft depth (0.0 where none was drafted)."""
+        return [a / d if d else 0.0 for a, d in zip(self.spec_accepted_per_position, self.spec_drafted_per_position)]
+
+    @property
     def spec_mean_acceptance_length(self) -> float:
         """Tokens per drafting verify step: 1 + accepted / rounds."""
         return 1.0 + self.spec_accepted / self.spec_rounds if self.spec_rounds else 0.0

@@ -184,12 +184,13 @@ class Metrics:
         self.spec_acceptance.set(getattr(stats, "spec_acceptance_rate", 0.0))
         self.spec_rounds.set(getattr(stats, "spec_rounds", 0))
         self.spec_mean_length.set(getattr(stats, "spec_mean_acceptance_length", 0.0))
-        drafted_at = list(getattr(stats, "spec_drafted_per_position", ()) or ())
-        accepted_at = list(getattr(stats, "spec_accepted_per_position", ()) or ())
-        for i, (d, a) in enumerate(zip(drafted_at, accepted_at)):
+        per_depth = zip(getattr(stats, "spec_drafted_per_position", ()),
+                        getattr(stats, "spec_accepted_per_position", ()),
+                        getattr(stats, "spec_acceptance_per_position", ()))
+        for i, (d, a, rate) in enumerate(per_depth):
             self.spec_position_drafted.set(d, str(i))
             self.spec_position_accepted.set(a, str(i))
-            self.spec_position_acceptance.set(a / d if d else 0.0, str(i))
+            self.spec_position_acceptance.set(rate, str(i))
 
     def render(self) -> str:
         lines: list[str] = []

@@ -161,7 +161,7 @@ def run_summary(run: OfflineRun, audio_seconds: float, spec: SpeculativeConfig |
              f"real time), {run.steps} steps, {st.tokens_emitted} tokens"]
     if spec is not None:
         tree = f", tree of {spec.tree_nodes} nodes" if spec.tree_nodes else ""
-        per = [round(a / d, 3) if d else 0 for a, d in zip(st.spec_accepted_per_position, st.spec_drafted_per_position)]
+        per = [round(r, 3) for r in st.spec_acceptance_per_position]
         lines.append(f"speculation (k = {spec.num_speculative_tokens}{tree}): acceptance rate "
                      f"{st.spec_acceptance_rate:.3f}, mean acceptance length {st.spec_mean_acceptance_length:.2f}, "
                      f"per position {per}")
