@@ -6,7 +6,7 @@
 # .train_full/ (corpus, engines without the held-out mbrola databases, tokenizer, wheels, real recordings, the
 # other parts and the seed-8 evaluation shards of us3 and en1). One run per call, so its fp16 model comes back
 # (5 of the 8 files a call returns; with metrics.json, run.log and loss.png, all 8).
-#   carry [".train_full"]; OUT=DIR bash benchmarks/gpu_train_full.sh SEED DROPOUT MINUTES [LR]
+#   carry [".train_full"]; OUT=DIR [INIT=DIR] bash benchmarks/gpu_train_full.sh SEED DROPOUT MINUTES [LR]
 # MINUTES <= 9.1 (a command's limit is 600 s); LR defaults to gpu_run's 1.5e-3. Run 31: 43 0.3 9.1; run 32: 44 0.3 7.2 5e-4.
 # Thirty-first session: more Kokoro parts join the merge (below); run 33: 45 0.3 7.6 5e-4 (ps_k3 staged, ps_k4 carried),
 # run 34: 46 0.3 7.6 1e-3 after it on the same machine, carrying ps_kx1 in place of ps_k4.
@@ -35,11 +35,18 @@ for d in "$S"/ps_*; do
   case "$name" in k*) for r in $(seq 2 "${KOKORO_REPEAT:-1}"); do parts+=("${name}r$r-=$d"); done;; esac
 done
 echo "parts: ${parts[*]}"
+# Fifty-second session: mbrola databases staged (a stage's mbrola_dbs/) or carried (.train_full/mbrola_dbs/) are
+# installed into the carried engines, so those speakers are synthesised here with fresh sentences (gpu_run --mbrola-dbs)
+if [ -d .train_full/mbrola_dbs ]; then mkdir -p "$S/mbrola_dbs" && cp -r .train_full/mbrola_dbs/. "$S/mbrola_dbs/"; fi
+mb=(); if [ -d "$S/mbrola_dbs" ]; then mb=(--mbrola-dbs "$S/mbrola_dbs"); echo "mbrola databases: $(ls "$S/mbrola_dbs")"; fi
 python3 -m realtime.train.presynth merge --out "$C/presynth" "${parts[@]}" || exit 4
 timeout 580 python3 -m realtime.train.gpu_run run --carry "$C" --out "$OUT" \
-  --minutes "$minutes" --seed "$seed" --init-from "$S/default" --warmup-steps 100 --lr "$lr" --p-eq 0.25 \
+  --minutes "$minutes" --seed "$seed" --init-from "${INIT:-$S/default}" --warmup-steps 100 --lr "$lr" --p-eq 0.25 \
   --unseen-formant-weight 2 --accent-rewrite-weight "${ACCENT_REWRITE_WEIGHT:-0}" --ema-decay 0.999 \
-  --dropout "$dropout" > /tmp/train_stdout.log 2>&1
+  --dropout "$dropout" "${mb[@]}" > /tmp/train_stdout.log 2>&1
 rc=$?; echo "run rc=$rc"; [ $rc = 0 ] || tail -30 /tmp/train_stdout.log
+# the exported model stays in the stage as export_SEED, so a next call on the same warm machine can continue it
+# (INIT=/tmp/streamscribe_stage/export_SEED) without carrying it back
+[ -d /tmp/streamscribe-train/export ] && rm -rf "$S/export_$seed" && cp -r /tmp/streamscribe-train/export "$S/export_$seed"
 grep -E "pre-synthesised|voices left out|held-out|WER|done in" "$OUT/run.log" | tail -12
 ls -la "$OUT"

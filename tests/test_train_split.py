@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from realtime.train.synth import plan_tasks
 from realtime.train.text_corpus import Sentence, normalize, split_of
@@ -128,3 +129,34 @@ def test_accented_mbrola_voice_names_find_their_voice_file(tmp_path, monkeypatch
     assert mbrola_probe_voice(voices[2:], str(tmp_path)) is None
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert not mbrola_voice_available("mb-ro1-en", str(tmp_path))  # the voice file alone is not enough
+
+
+def test_staged_mbrola_databases_become_training_voices_never_held_out_ones(tmp_path, monkeypatch) -> None:
+    """`gpu_run run --mbrola-dbs DIR` installs staged diphone databases (plain or xz) where the carried espeak-ng
+    finds them, so those speakers are synthesised on the device with fresh sentences; a held-out speaker's
+    database is refused before anything is installed."""
+    import lzma
+    import shutil
+
+    from realtime.train.gpu_run import install_mbrola_databases
+    from realtime.train.voices import catalogue, mbrola_voice_available
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/mbrola" if name == "mbrola" else None)
+    train_v, held_v = catalogue()
+    held_bases = {v.base for v in held_v}
+    src, engines = tmp_path / "dbs", tmp_path / "engines"
+    src.mkdir()
+    (src / "us1").write_bytes(b"diphones of us1")
+    (src / "ro1.xz").write_bytes(lzma.compress(b"diphones of ro1"))
+    data = str(engines / "espeak-ng-data")
+    assert not mbrola_voice_available("mb-us1", data)
+    assert install_mbrola_databases(src, engines, held_bases) == ["ro1", "us1"]
+    assert (engines / "espeak-ng-data" / "mbrola" / "ro1").read_bytes() == b"diphones of ro1"
+    assert (engines / "espeak-ng-data" / "mbrola" / "us1").read_bytes() == b"diphones of us1"
+    assert mbrola_voice_available("mb-us1", data) and mbrola_voice_available("mb-ro1-en", data)
+    for held in ("us3", "en1.xz"):
+        (src / held).write_bytes(b"x")
+        with pytest.raises(ValueError, match=held.removesuffix(".xz")):
+            install_mbrola_databases(src, tmp_path / "other", held_bases)
+        (src / held).unlink()
+    assert not (tmp_path / "other" / "espeak-ng-data" / "mbrola" / "us1").exists()

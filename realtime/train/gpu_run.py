@@ -57,6 +57,31 @@ def setup_engines(carry: Path, work: Path) -> dict[str, str]:
     return env
 
 
+def install_mbrola_databases(src: Path, engines: Path, heldout_bases: set[str]) -> list[str]:
+    """Put the diphone databases of `src` (files named after the database, `us1` or `us1.xz`) where the carried
+    espeak-ng looks for them, so this call synthesises those speakers itself with fresh sentences each time,
+    instead of replaying the few minutes of pre-synthesised speech a carry has room for (the model had learned
+    those utterances, not the speakers: forty-second to fifty-second sessions). A held-out speaker's database
+    is refused, so that no training voice can ever be one. Returns the databases installed."""
+    import lzma
+
+    held = {b.removeprefix("mb-").split("-")[0] for b in heldout_bases if b.startswith("mb-")}
+    dst = engines / "espeak-ng-data" / "mbrola"
+    dst.mkdir(parents=True, exist_ok=True)
+    files = sorted(f for f in src.iterdir() if f.is_file())
+    names = [f.name.removesuffix(".xz") for f in files]
+    refused = sorted(set(names) & held)
+    if refused:
+        raise ValueError(f"mbrola databases of held-out speakers in {src}: {refused}")
+    for f, name in zip(files, names):
+        if f.suffix == ".xz":
+            with lzma.open(f) as fin, open(dst / name, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
+        else:
+            shutil.copy(f, dst / name)
+    return names
+
+
 def install_wheels(carry: Path, work: Path) -> None:
     """jiwer (+ rapidfuzz) for the evaluation, from the carried Python 3.12 wheels, unless present."""
     try:
@@ -217,6 +242,10 @@ def run(args: argparse.Namespace) -> int:
     from .voices import VoiceSpec, available, catalogue, mbrola_probe_voice
 
     train_v, held_v = catalogue(args.unseen_formant_weight, args.accent_rewrite_weight)
+    if args.mbrola_dbs:
+        metrics["mbrola_dbs"] = install_mbrola_databases(Path(args.mbrola_dbs), WORK / "engines",
+                                                         {v.base for v in held_v})
+        logger.info("mbrola databases for synthesis here: %s", metrics["mbrola_dbs"])
     # every training voice's catalogue weight, carried speech included (BatchConfig.voice_share)
     voice_weights = weights_with_overrides(train_v, args.voice_weight, args.voice_share)
     espeak_data = os.environ.get("STREAMSCRIBE_ESPEAK_DATA")
@@ -396,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="training-only dropout on every attention and MLP output (realtime.train.regularize); "
                         "0 (runs 1-24) uses none")
     r.add_argument("--profile-at", type=int, default=60, help="profile 3 steps from this one into run.log")
+    r.add_argument("--mbrola-dbs", default=None,
+                   help="a folder of mbrola databases (us1, de1.xz, ...) to synthesise those speakers here")
     r.add_argument("--init-from", default=None,
                    help="a model folder (e.g. an earlier run's unpacked $OUT, carried) to continue from")
     u = sub.add_parser("unpack")
