@@ -36,17 +36,20 @@ for d in "$S"/ps_*; do
 done
 echo "parts: ${parts[*]}"
 # Fifty-second session: mbrola databases staged (a stage's mbrola_dbs/) or carried (.train_full/mbrola_dbs/) are
-# installed into the carried engines, so those speakers are synthesised here with fresh sentences (gpu_run --mbrola-dbs)
+# installed into the carried engines, so those speakers are synthesised here with fresh sentences (gpu_run
+# --mbrola-dbs); MBROLA_WEIGHT=W scales the mbrola voices' weights in the synthesis plan (gpu_run --mbrola-weight)
 if [ -d .train_full/mbrola_dbs ]; then mkdir -p "$S/mbrola_dbs" && cp -r .train_full/mbrola_dbs/. "$S/mbrola_dbs/"; fi
-mb=(); if [ -d "$S/mbrola_dbs" ]; then mb=(--mbrola-dbs "$S/mbrola_dbs"); echo "mbrola databases: $(ls "$S/mbrola_dbs")"; fi
+mb=()
+if [ -d "$S/mbrola_dbs" ]; then mb=(--mbrola-dbs "$S/mbrola_dbs"); echo "mbrola databases: $(ls "$S/mbrola_dbs")"; fi
 python3 -m realtime.train.presynth merge --out "$C/presynth" "${parts[@]}" || exit 4
 timeout 580 python3 -m realtime.train.gpu_run run --carry "$C" --out "$OUT" \
   --minutes "$minutes" --seed "$seed" --init-from "${INIT:-$S/default}" --warmup-steps 100 --lr "$lr" --p-eq 0.25 \
   --unseen-formant-weight 2 --accent-rewrite-weight "${ACCENT_REWRITE_WEIGHT:-0}" --ema-decay 0.999 \
-  --dropout "$dropout" "${mb[@]}" > /tmp/train_stdout.log 2>&1
+  --dropout "$dropout" --mbrola-weight "${MBROLA_WEIGHT:-1}" "${mb[@]}" > /tmp/train_stdout.log 2>&1
 rc=$?; echo "run rc=$rc"; [ $rc = 0 ] || tail -30 /tmp/train_stdout.log
 # the exported model stays in the stage as export_SEED, so a next call on the same warm machine can continue it
 # (INIT=/tmp/streamscribe_stage/export_SEED) without carrying it back
-[ -d /tmp/streamscribe-train/export ] && rm -rf "$S/export_$seed" && cp -r /tmp/streamscribe-train/export "$S/export_$seed"
+E=/tmp/streamscribe-train/export
+[ -d "$E" ] && rm -rf "$S/export_$seed" && cp -r "$E" "$S/export_$seed"
 grep -E "pre-synthesised|voices left out|held-out|WER|done in" "$OUT/run.log" | tail -12
 ls -la "$OUT"

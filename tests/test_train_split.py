@@ -160,3 +160,18 @@ def test_staged_mbrola_databases_become_training_voices_never_held_out_ones(tmp_
             install_mbrola_databases(src, tmp_path / "other", held_bases)
         (src / held).unlink()
     assert not (tmp_path / "other" / "espeak-ng-data" / "mbrola" / "us1").exists()
+
+
+def test_mbrola_weight_scales_only_the_mbrola_voices_in_the_synthesis_plan() -> None:
+    """`gpu_run run --mbrola-weight W`: on-device diphone speakers would otherwise take most of the plan (run 58)."""
+    from realtime.train.gpu_run import scale_mbrola_weights
+
+    train_v, _ = catalogue()
+    scaled = scale_mbrola_weights(train_v, 0.25)
+    assert [v.key for v in scaled] == [v.key for v in train_v]
+    for before, after in zip(train_v, scaled):
+        assert after.weight == pytest.approx(before.weight * (0.25 if before.is_mbrola else 1.0))
+    assert any(v.is_mbrola for v in train_v)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="mbrola-weight"):
+            scale_mbrola_weights(train_v, bad)
