@@ -10,7 +10,8 @@ The held-out draws score five held-out voices and three flite training voices. T
 each voice that has one (sentences the model was trained on). A voice that is much better on its training
 utterances than on new sentences has been memorised, not learned: the fifty-second session found the carried
 mbrola speakers at 0-4% on their training utterances and 21-25% on new sentences, against 5% for the flite voices
-that every call synthesises afresh. Decoding is on the CPU, fp32, 480 ms.
+that every call synthesises afresh. `--opus-level L` also scores the new sentences after the carry's Opus round trip
+(`presynth`'s codec at level L), to tell the codec's part from the speakers'. Decoding is on the CPU, fp32, 480 ms.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from realtime.train.evaluate import evaluate
-from realtime.train.presynth import SUFFIX, _audio, _meta
+from realtime.train.presynth import SUFFIX, _audio, _meta, decode_opus, encode_opus
 from realtime.train.synth import RawShard, Task, synthesize
 from realtime.train.text_corpus import read_corpus
 from realtime.train.voices import catalogue
@@ -63,6 +64,15 @@ def carried_utterances(folder: Path, keys: list[str], out: Path) -> list[str]:
     return found
 
 
+def opus_round_trip(src: Path, dst: Path, level: float) -> None:
+    """Every shard of `src` into `dst` with its audio through Opus at `level` and back (sample counts are kept)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in sorted(src.glob("*.npz")):
+        raw = RawShard.load(path)
+        raw.audio = decode_opus(encode_opus(raw.audio, level))
+        raw.save(dst / path.name)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", required=True, help="NAME=FOLDER ...")
@@ -71,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=123)
     ap.add_argument("--corpus", default=".train_carry/corpus.tsv.gz")
     ap.add_argument("--carried", default=None, help="a folder of pre-synthesised training shards (e.g. ps_A)")
+    ap.add_argument("--opus-level", type=float, default=None, help="also score the new sentences through Opus")
     ap.add_argument("--shards", default=None, help="default: /tmp/streamscribe-seen-voices-seed<N>")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", required=True)
@@ -82,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         synthesize(new_sentence_tasks(Path(args.corpus), args.voices, args.per_voice, args.seed), new,
                    workers=args.workers)
     sets = {"new_sentences": new}
+    if args.opus_level is not None:
+        coded = root / f"new-opus-{args.opus_level}"
+        if not coded.exists():
+            opus_round_trip(new, coded, args.opus_level)
+        sets[f"new_sentences_opus_{args.opus_level}"] = coded
     if args.carried:
         carried = root / ("carried-" + Path(args.carried).name)
         if not carried.exists():

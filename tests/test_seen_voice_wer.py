@@ -50,3 +50,21 @@ def test_trained_utterances_are_one_carried_training_shard_per_voice(tmp_path: P
     assert carried_utterances(carried, ["espeak:mb-us1", "espeak:mb-us2"], out) == ["espeak:mb-us1"]
     items = build_items(out, delays=[480], per_voice=10, sweep_per_voice=0, real_dir=None)
     assert [(it.group, it.voice, it.ref) for it in items] == [("heldout", "espeak:mb-us1", "utterance 0")]
+
+
+def test_opus_round_trip_keeps_texts_times_and_sample_counts(tmp_path: Path) -> None:
+    pytest.importorskip("soundfile")
+    from seen_voice_wer import opus_round_trip
+
+    t = np.arange(12345) / 16000
+    audio = (8000 * np.sin(2 * np.pi * 220 * t)).astype(np.int16)
+    src = tmp_path / "new"
+    src.mkdir()
+    raw = RawShard("espeak:mb-us1", "mbrola-us1", "heldout", ["a tone"], audio, np.array([0, audio.size]),
+                   np.array([[0.1, 0.3], [0.3, 0.7]], np.float32), np.array([0, 2]))
+    raw.save(src / "heldout-00.npz")
+    opus_round_trip(src, tmp_path / "coded", 0.98)
+    got = RawShard.load(tmp_path / "coded" / "heldout-00.npz")
+    assert got.texts == raw.texts and got.audio.size == audio.size and not np.array_equal(got.audio, audio)
+    assert np.array_equal(got.word_times, raw.word_times) and np.array_equal(got.offsets, raw.offsets)
+    assert np.corrcoef(got.audio.astype(float), audio.astype(float))[0, 1] > 0.9
