@@ -32,8 +32,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from .augment import AugmentConfig
 from .regularize import check_dropout
+
+if TYPE_CHECKING:
+    from .voices import VoiceSpec
 
 logger = logging.getLogger("realtime.train.gpu_run")
 
@@ -62,7 +67,7 @@ def install_mbrola_databases(src: Path, engines: Path, heldout_bases: set[str]) 
     """Put the diphone databases of `src` (files named after the database, `us1` or `us1.xz`) where the carried
     espeak-ng looks for them, so this call synthesises those speakers itself with fresh sentences each time,
     instead of replaying the few minutes of pre-synthesised speech a carry has room for (the model had learned
-    those utterances, not the speakers: forty-second to fifty-second sessions). A held-out speaker's database
+    those utterances, not the speakers: fifty-second session). A held-out speaker's database
     is refused, so that no training voice can ever be one. Returns the databases installed."""
     import lzma
 
@@ -83,10 +88,10 @@ def install_mbrola_databases(src: Path, engines: Path, heldout_bases: set[str]) 
     return names
 
 
-def scale_mbrola_weights(voices: list, scale: float) -> list:
+def scale_mbrola_weights(voices: list[VoiceSpec], scale: float) -> list[VoiceSpec]:
     """The training voices with every mbrola voice's catalogue weight times `scale` (`--mbrola-weight`). The
-    catalogue weighs each diphone speaker about like all 390 formant voices together (1.0 against 4.3 in all), which
-    was right while they came as a few carried minutes; synthesised here, 11 of them took 60% of run 58's streams."""
+    catalogue gives a diphone speaker 1.0-1.5 and all 390 formant voices 4.3 together, which was right while the
+    diphone speakers came as a few carried minutes; synthesised here, 11 of them (11.7) took 60% of run 58's streams."""
     if not (math.isfinite(scale) and scale > 0.0):
         raise ValueError(f"--mbrola-weight wants a finite weight > 0, got {scale}")
     return [dataclasses.replace(v, weight=v.weight * scale) if v.is_mbrola else v for v in voices]
