@@ -17,6 +17,11 @@
 #      .stage1/, ps_ke54 (2.95 h) and ps_ke55 (1.41 h) in .stage2/ (a second staging call: STAGE=.stage2 APPEND=1);
 #      since the forty-first session (run 53 trained on those four) also ps_ke56 (2.92 h, 14.3 MB) and ps_ke57
 #      (1.43 h, 7.0 MB) in .stage2/.
+#   7. with MBROLA_DBS=1 (fifty-second session, about 5 more minutes): the mbrola databases that run 58 synthesised
+#      on the device (gpu_run --mbrola-dbs), as xz files: us1 us2 fr1 pl1 ro1 sw2 af1 fr4 in .stage2b/mbrola_dbs/ (with
+#      hard links of .stage2/'s ps_ke54 and ps_ke55 when step 6 made them), de1 and sw1 in .stage3b/mbrola_dbs/ beside
+#      ps_mbx58 (6.56 h of 17 mbrola speakers, seed 58), hu1 in .train_full/mbrola_dbs/. Staged by two more calls
+#      (STAGE=.stage2b APPEND=1, STAGE=.stage3b APPEND=1) before the training call (models/default_model_card.md).
 # 17 minutes on the 2-core box with .venv and the CI's packages already there (ps_rh's RHVoice alignment is 11 of
 # them); a bare machine adds about 5 for the packages and 4 for .venv. A part whose index.json exists is kept.
 #   bash benchmarks/rebuild_training_parts.sh [WORK_DIR]     (WORK_DIR: where the parts are built; /tmp/parts)
@@ -99,6 +104,28 @@ if [ "${KOKORO_EN:-0}" = 1 ]; then
       --level 0.98 --seed "$1" --hours "$2" --workers 2 --voices $voices
     rm -rf "$3/ps_ke$1" && cp -r "$work/ps_ke$1" "$3/"
   done
+fi
+if [ "${MBROLA_DBS:-0}" = 1 ]; then
+  log "7. mbrola databases for the device's own synthesis: .stage2b, .stage3b, .train_full/mbrola_dbs"
+  for d in .stage2b .stage3b; do
+    mkdir -p "$d/mbrola_dbs"
+    grep -qxF "/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude
+  done
+  mkdir -p .train_full/mbrola_dbs
+  for spec in "us1 us2 fr1 pl1 ro1 sw2 af1 fr4:.stage2b" "de1 sw1:.stage3b" "hu1:.train_full"; do
+    for v in ${spec%%:*}; do
+      xz -9 -T2 -c "/usr/share/mbrola/$v/$v" > "${spec##*:}/mbrola_dbs/$v.xz"
+    done
+  done
+  for k in 54 55; do
+    [ -d ".stage2/ps_ke$k" ] && rm -rf ".stage2b/ps_ke$k" && cp -al ".stage2/ps_ke$k" .stage2b/
+  done
+  [ -f "$work/ps_mbx58/index.json" ] || $PY -m realtime.train.presynth pack --corpus "$C" --out "$work/ps_mbx58" \
+    --level 0.98 --seed 58 --hours 9.5 --workers 2 --voices mb-sw1-en mb-de2-en mb-de1-en mb-de3-en mb-nl2-en \
+    mb-de5-en mb-de4-en mb-de6-en mb-fr2-en mb-fr3-en mb-fr5-en mb-fr6-en mb-fr7-en mb-de7-en mb-es1-en mb-es2-en \
+    mb-cr1-en
+  rm -rf .stage3b/ps_mbx58 && cp -r "$work/ps_mbx58" .stage3b/
+  du -sh .stage2b .stage3b
 fi
 du -sh .stage1 .train_full
 log "done: with docs/ and models/ moved out of the tree, carry .stage1 (bash benchmarks/gpu_stage.sh), then" \
