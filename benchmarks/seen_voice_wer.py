@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from realtime.train.evaluate import evaluate
-from realtime.train.presynth import SUFFIX, _audio, _meta, decode_opus, encode_opus
-from realtime.train.synth import RawShard, Task, synthesize
+from realtime.train.presynth import SUFFIX, _meta, pack_shard, unpack_shard
+from realtime.train.synth import Task, synthesize
 from realtime.train.text_corpus import read_corpus
 from realtime.train.voices import catalogue
 
@@ -49,28 +50,27 @@ def new_sentence_tasks(corpus: Path, keys: list[str], per_voice: int, seed: int)
 
 
 def carried_utterances(folder: Path, keys: list[str], out: Path) -> list[str]:
-    """The first carried shard of each voice in `keys` (a `presynth` part), unpacked into `out` under a name
-    evaluate() scores; returns the voices found."""
+    """The first carried shard of each voice in `keys` (a `presynth` part), unpacked into `out` under a name and
+    split evaluate() scores; returns the voices found."""
     out.mkdir(parents=True, exist_ok=True)
     found: list[str] = []
     for path in sorted(folder.glob("*" + SUFFIX)):
         with np.load(path) as z:
             meta = _meta(z)
-            if meta["voice"] not in keys or meta["voice"] in found or meta["split"] != "train":
-                continue
-            RawShard(meta["voice"], meta["speaker"], "heldout", meta["texts"], _audio(z, path), z["offsets"],
-                     z["word_times"], z["word_offsets"]).save(out / f"heldout-{len(found):02d}.npz")
+        if meta["voice"] in keys and meta["voice"] not in found and meta["split"] == "train":
+            unpack_shard(path, out, name=f"heldout-{len(found):02d}", split="heldout")
             found.append(meta["voice"])
     return found
 
 
 def opus_round_trip(src: Path, dst: Path, level: float) -> None:
-    """Every shard of `src` into `dst` with its audio through Opus at `level` and back (sample counts are kept)."""
+    """Every shard of `src` into `dst` through the carry's own path (`presynth` pack at `level`, then unpack)."""
     dst.mkdir(parents=True, exist_ok=True)
-    for path in sorted(src.glob("*.npz")):
-        raw = RawShard.load(path)
-        raw.audio = decode_opus(encode_opus(raw.audio, level))
-        raw.save(dst / path.name)
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in sorted(src.glob("*.npz")):
+            packed = Path(tmp) / (path.stem + SUFFIX)
+            pack_shard(path, packed, level)
+            unpack_shard(packed, dst)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,6 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from .augment import AugmentConfig

@@ -112,13 +112,14 @@ def read_packed_audio(src: Path) -> tuple[np.ndarray, dict]:
         return _audio(z, src).astype(np.float32) / 32768.0, _meta(z)
 
 
-def unpack_shard(src: Path, dst_dir: Path) -> float:
-    """A packed shard -> an ordinary shard in `dst_dir`; returns its seconds of audio."""
+def unpack_shard(src: Path, dst_dir: Path, *, name: str | None = None, split: str | None = None) -> float:
+    """A packed shard -> an ordinary shard in `dst_dir` (as `name`, by default the packed name without its suffix;
+    `split` relabels it, e.g. "heldout" for evaluate() to score a training shard); returns its seconds of audio."""
     with np.load(src) as z:
         meta = _meta(z)
-        raw = RawShard(meta["voice"], meta["speaker"], meta["split"], meta["texts"],
+        raw = RawShard(meta["voice"], meta["speaker"], split or meta["split"], meta["texts"],
                        _audio(z, src), z["offsets"], z["word_times"], z["word_offsets"])
-    raw.save(dst_dir / (src.name[: -len(SUFFIX)] + ".npz"))
+    raw.save(dst_dir / ((name or src.name[: -len(SUFFIX)]) + ".npz"))
     return raw.audio.size / RATE
 
 
