@@ -24,7 +24,8 @@ dependent launch: the code before the twenty-third session), `pdl` (PDL on the T
 twenty-fifth session), `one_row_fused_gate_up` (with the gate/up fused too, STREAMSCRIBE_ONE_ROW_GATE_UP=1),
 `encoder_sms_N` (the default kernels, the encoder confined to a green context of N SMs: STREAMSCRIBE_ENCODER_SMS),
 `priority_encoder` / `priority_lm` (the encoder's or the LM's graphs on the highest stream priority:
-STREAMSCRIBE_STREAM_PRIORITY).
+STREAMSCRIBE_STREAM_PRIORITY), `l2_prefetch[_mlpN|_chunkN]` (each layer's o projection weights fetched into L2
+while its attention runs: STREAMSCRIBE_L2_PREFETCH).
 
 Drives `ModelRunner` directly (graphs on) through `bench_engine.SyntheticStreams`, at a session age of
 one minute. DIR without a checkpoint gets the full-size random one (`gpu_model_parity.build_checkpoint`).
@@ -97,6 +98,13 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "priority_lm": {"STREAMSCRIBE_STREAM_PRIORITY": "lm"},
     # the default kernels, the encoder's stream in a green context of N SMs (`RunnerOptions.encoder_sms`)
     **{f"encoder_sms_{n}": {"STREAMSCRIBE_ENCODER_SMS": str(n)} for n in (16, 32, 48, 64, 96)},
+    # while each layer's attention runs, a side stream brings the o projection's weights into L2
+    # (`kernels.l2_prefetch`, `RunnerOptions.l2_prefetch`); `_mlpN`: also the first N MB of the MLP's input projection
+    "l2_prefetch": {"STREAMSCRIBE_L2_PREFETCH": "1"},
+    **{f"l2_prefetch_mlp{n}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_MLP_MB": str(n)}
+       for n in (4, 8, 16)},
+    **{f"l2_prefetch_chunk{n}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_CHUNK_KB": str(n)}
+       for n in (4, 64)},
 }
 
 MODES = {  # name: (the runner's encoder stream, encode ahead, the parts of a step run)

@@ -57,6 +57,23 @@ def supports_fused_kv_write(backend: object) -> TypeIs[SupportsFusedKVWrite]:
     return getattr(type(backend), "supports_fused_kv_write", False) is True
 
 
+class SupportsL2Prefetch(AttentionBackend, Protocol):
+    """A backend that may bring the weights read right after its attention into the GPU's L2 cache while the
+    attention runs (`kernels.l2_prefetch`; a no-op where it has no prefetcher). Outputs never change."""
+
+    supports_l2_prefetch: ClassVar[Literal[True]] = True
+
+    def prefetch_during_attention(self, o_weight: torch.Tensor, mlp_weight: torch.Tensor | None) -> None:
+        """Called after the layer's q/k/v projection is queued and before its attention: `o_weight` is read
+        right after the attention, `mlp_weight` (the MLP's first projection) after that."""
+        ...
+
+
+def supports_l2_prefetch(backend: object) -> TypeIs[SupportsL2Prefetch]:
+    """True only if the backend's class declares the capability (the flag is exactly True)."""
+    return getattr(type(backend), "supports_l2_prefetch", False) is True
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -132,7 +149,8 @@ class Attention(nn.Module):
         self._qkv = (w, b)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend,
-                layer: int) -> torch.Tensor:
+                layer: int, mlp_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """mlp_weight: the layer's MLP input projection, read after this (for `SupportsL2Prefetch`)."""
         b, t, _ = x.shape
         if self._qkv is not None and not torch.is_grad_enabled():  # training keeps separate leaves
             nq, nk = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -143,6 +161,8 @@ class Attention(nn.Module):
         k = k.reshape(b, t, self.kv_heads, self.head_dim)
         v = v.reshape(b, t, self.kv_heads, self.head_dim)
         q, k = rope(q, k, cos, sin)
+        if supports_l2_prefetch(backend):
+            backend.prefetch_during_attention(self.o_proj.weight, mlp_weight)
         out = backend.attend(layer, q, k, v)
         return linear(out.reshape(b, t, self.heads * self.head_dim), self.o_proj.weight, self.o_proj.bias,
                       max_rows=self.linear_rows)
@@ -169,6 +189,10 @@ class SwiGLU(nn.Module):
             return linear(silu_mul(linear(x, self._gate_up, max_rows=rows)), self.down_proj.weight,
                           self.down_proj.bias, max_rows=rows)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def input_weight(self) -> torch.Tensor:
+        """The weight this MLP reads first: the fused [gate; up] matrix (inference), else gate's."""
+        return self._gate_up if self._gate_up is not None else self.gate_proj.weight
 
 
 @contextmanager
@@ -257,7 +281,8 @@ class EncoderLayer(nn.Module):
                 backend: AttentionBackend, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(mlp output, residual stream): the caller adds them (fused into the next norm)."""
         h, residual = self.self_attn_layer_norm(x, residual)
-        h, residual = self.final_layer_norm(self.self_attn(h, cos, sin, backend, layer), residual)
+        h, residual = self.final_layer_norm(self.self_attn(h, cos, sin, backend, layer, self.mlp.input_weight()),
+                                            residual)
         return self.mlp(h), residual
 
 
@@ -341,7 +366,8 @@ class DecoderLayer(nn.Module):
                 ada_scale: torch.Tensor, backend: AttentionBackend, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """ada_scale = 1 + ada_rms_norm(t_cond): the delay scale of this layer's MLP input."""
         h, residual = self.input_layernorm(x, residual)
-        h, residual = self.post_attention_layernorm(self.self_attn(h, cos, sin, backend, layer), residual, ada_scale)
+        attn = self.self_attn(h, cos, sin, backend, layer, self.mlp.input_weight())
+        h, residual = self.post_attention_layernorm(attn, residual, ada_scale)
         return self.mlp(h), residual
 
 
@@ -391,6 +417,8 @@ class LanguageModel(nn.Module):
             k_cache, v_cache, slot = backend.kv_destination(i)
             q = one_row.norm_qkv_rope_kv(res, layer.input_layernorm.weight, c.rms_norm_eps, attn._qkv[0], cos, sin,
                                          k_cache, v_cache, slot, c.num_heads, c.num_kv_heads)
+            if supports_l2_prefetch(backend):
+                backend.prefetch_during_attention(attn.o_proj.weight, mlp.input_weight())
             out = backend.attend_cached(i, q[None, None])
             res = one_row.linear_residual(out.reshape(-1), attn.o_proj.weight, res)
             if one_row.fused_gate_up():

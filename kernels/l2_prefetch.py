@@ -1,0 +1,103 @@
+"""`L2Prefetcher`: weights that a chain of batch-1 kernels reads next, brought into the GPU's L2 cache from a side
+stream while a latency-bound kernel leaves DRAM idle.
+
+Why: a batch-1 step is a chain of dependent kernels, and a projection starts streaming its weights from DRAM
+only once it runs (its first tile just before: programmatic dependent launch). The attention before each
+layer's o projection runs for several microseconds on about one microsecond of bytes (full-size model on an
+H200: 6-8 us against 0.7-1.5 us; `docs/benchmarks.md`, twenty-seventh session), so DRAM is nearly idle there.
+`fetch`, called just before the attention is queued, forks a side stream from the current one and asks the
+copy engine (sm_90's `cp.async.bulk.prefetch.L2`: a few lanes issue it, no SM streams it) to bring the o
+projection's weights into L2 meanwhile; the projection then reads them from L2.
+
+Outputs never change: L2 holds copies of the same bytes, and only weights (never written by a step) are fetched.
+
+Streams and graphs: `fetch` makes the side stream wait for what the current stream has queued (in a capture,
+an edge from the kernel queued last), and `join` makes the current stream wait for every fetch since the last
+join. Call `join` before a captured region ends: a capture needs every stream it forked joined. Each chain of
+kernels that runs beside another (the LM step, the encoder step) needs its own prefetcher, or one chain's
+fetches would wait for the other's kernels.
+
+STREAMSCRIBE_L2_PREFETCH=1 turns it on where supported (sm_90+ with Triton; runners read it when made);
+STREAMSCRIBE_L2_PREFETCH_MLP_MB=X also fetches the first X MB of the layer's MLP input projection at the same
+point; STREAMSCRIBE_L2_PREFETCH_CHUNK_KB the size of one bulk prefetch (default 16).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ._dispatch import HAVE_TRITON, _compute_capability, env_int
+
+ALIGN = 16  # the bulk prefetch's unit: start and size multiples of 16 bytes
+
+
+def l2_prefetch_supported(device: torch.device) -> bool:
+    """sm_90+ CUDA with Triton (not the interpreter): where the bulk prefetch instruction exists."""
+    if device.type != "cuda" or not HAVE_TRITON or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    return _compute_capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
+def fetch_plan(t: torch.Tensor, max_bytes: int | None = None) -> int:
+    """How many leading bytes of `t` a fetch asks for: all of them (or `max_bytes`), rounded down to the
+    prefetch unit; 0 where `t` cannot be fetched as one range (not contiguous, or not 16-byte aligned)."""
+    if not t.is_contiguous() or t.data_ptr() % ALIGN:
+        return 0
+    n = t.numel() * t.element_size()
+    if max_bytes is not None:
+        n = min(n, max_bytes)
+    return n - n % ALIGN
+
+
+def prefetch_switched_on() -> bool:
+    """STREAMSCRIBE_L2_PREFETCH=1 (read now; runners read it when made)."""
+    return os.environ.get("STREAMSCRIBE_L2_PREFETCH", "0") == "1"
+
+
+def prefetch_config_from_env() -> tuple[int, int]:
+    """(chunk bytes, MLP bytes): `L2Prefetcher`'s arguments from STREAMSCRIBE_L2_PREFETCH_CHUNK_KB (default 16) and
+    STREAMSCRIBE_L2_PREFETCH_MLP_MB (default 0), read now; a bad value is refused with the switch's name."""
+    chunk = env_int("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", 16, 1, 1 << 16, "a chunk size in KB (1..65536)")
+    text = os.environ.get("STREAMSCRIBE_L2_PREFETCH_MLP_MB", "0")
+    try:
+        mlp_mb = float(text)
+    except ValueError:
+        mlp_mb = -1.0
+    if not 0 <= mlp_mb <= 1024:
+        raise ValueError(f"STREAMSCRIBE_L2_PREFETCH_MLP_MB must be a number of MB in 0..1024, got {text!r}")
+    return chunk << 10, int(mlp_mb * (1 << 20))
+
+
+class L2Prefetcher:
+    """Fetches tensors into L2 from a side stream (see the module's docstring); one per chain of kernels."""
+
+    def __init__(self, device: torch.device, chunk_bytes: int = 16 << 10, mlp_bytes: int = 0) -> None:
+        if chunk_bytes <= 0 or chunk_bytes % ALIGN:
+            raise ValueError(f"chunk_bytes must be a positive multiple of {ALIGN}, got {chunk_bytes}")
+        self.device = device
+        self.chunk_bytes = chunk_bytes
+        self.mlp_bytes = mlp_bytes  # leading bytes of the MLP's first projection fetched with the o projection
+        self.side = torch.cuda.Stream(device)
+        self.pending = False
+        self.fetched_bytes = 0  # bytes asked for since this prefetcher was made (tests, benchmarks)
+
+    def fetch(self, t: torch.Tensor, max_bytes: int | None = None) -> None:
+        """Ask for the leading bytes of `t` (`fetch_plan`) on the side stream, after what is queued now."""
+        from ._l2_prefetch_triton import launch_l2_prefetch
+
+        n = fetch_plan(t, max_bytes)
+        if n == 0:
+            return
+        self.side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.side):
+            launch_l2_prefetch(t.reshape(-1).view(torch.uint8), n, self.chunk_bytes)
+        self.pending = True
+        self.fetched_bytes += n
+
+    def join(self) -> None:
+        """The current stream waits for every fetch since the last join."""
+        if self.pending:
+            torch.cuda.current_stream(self.device).wait_stream(self.side)
+            self.pending = False
