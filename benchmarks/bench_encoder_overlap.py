@@ -105,6 +105,12 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
        for n in (4, 8, 16)},
     **{f"l2_prefetch_chunk{n}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_CHUNK_KB": str(n)}
        for n in (4, 64)},
+    # the "ahead" mode: each projection asks for the next one's weights (at most N MB); `_enc`: in the encoder's
+    # chain only (the LM's weights do not fit in L2 two at a time), the LM fetching at its attention as `l2_prefetch`
+    **{f"l2_ahead{n}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_AHEAD_MB": str(n)}
+       for n in (8, 32)},
+    **{f"l2_ahead{n}_enc": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_AHEAD_MB": str(n),
+                            "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS": "encoder"} for n in (8, 32)},
 }
 
 MODES = {  # name: (the runner's encoder stream, encode ahead, the parts of a step run)

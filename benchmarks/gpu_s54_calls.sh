@@ -3,7 +3,7 @@
 # (`kernels.l2_prefetch`). One call (carry .whl_gpu; docs/ out of the tree):
 #   OUT=DIR bash benchmarks/gpu_s54_calls.sh
 # 1. one projection cold against prefetched during a spin (`bench_l2_prefetch.py`: does the fetch arrive in time?);
-# 2. B1 and 8 streams, the engine order and each chain alone, with and without the prefetch, alternating repeats;
+# 2. B1, the engine order and each chain alone, with and without the prefetch, alternating repeats;
 # 3. the prefetch's GPU tests (the kernel, graphs, the engine's tokens with it on and off).
 set -u
 w=/tmp/w
@@ -12,6 +12,7 @@ source benchmarks/gpu_setup.sh "$w"
 cat "$w/gpu.txt"
 PYTHONUNBUFFERED=1 timeout 90 python3 benchmarks/bench_l2_prefetch.py --out "$w/l2_micro.json" > "$w/l2_micro.log" 2>&1
 echo "l2_micro rc=$?"; grep -E "bench_l2_prefetch: |Error" "$w/l2_micro.log" | cut -c1-300
-b1_ab b1_l2 330 3 ahead_encoder_stream,lm_only,encoder_only default,l2_prefetch,l2_prefetch_mlp8 1,8
+b1_ab b1_l2 330 3 ahead_encoder_stream,lm_only,encoder_only \
+  default,l2_prefetch,l2_prefetch_mlp8,l2_ahead32_enc,l2_ahead8 1
 gpu_tests l2_tests 150 tests/test_l2_prefetch.py
 pack "${OUT:?}"

@@ -17,9 +17,15 @@ join. Call `join` before a captured region ends: a capture needs every stream it
 kernels that runs beside another (the LM step, the encoder step) needs its own prefetcher, or one chain's
 fetches would wait for the other's kernels.
 
+A second mode, "ahead" (`ahead_bytes`), pipelines a whole chain instead: right before each projection is queued,
+the next projection's weights (up to `ahead_bytes`) are asked for, so that DRAM streams projection i + 1 while
+projection i reads its own from L2. It suits chains whose consecutive weights fit in L2 together (the full-size
+audio encoder's at batch 1: 5-26 MB each, against 50 MB of L2).
+
 STREAMSCRIBE_L2_PREFETCH=1 turns it on where supported (sm_90+ with Triton; runners read it when made);
-STREAMSCRIBE_L2_PREFETCH_MLP_MB=X also fetches the first X MB of the layer's MLP input projection at the same
-point; STREAMSCRIBE_L2_PREFETCH_CHUNK_KB the size of one bulk prefetch (default 16).
+STREAMSCRIBE_L2_PREFETCH_MLP_MB=X also fetches the first X MB of the layer's MLP input projection at the
+attention; STREAMSCRIBE_L2_PREFETCH_AHEAD_MB=X the "ahead" mode, at most X MB a projection;
+STREAMSCRIBE_L2_PREFETCH_CHUNK_KB the size of one bulk prefetch (default 16).
 """
 
 from __future__ import annotations
@@ -56,29 +62,37 @@ def prefetch_switched_on() -> bool:
     return os.environ.get("STREAMSCRIBE_L2_PREFETCH", "0") == "1"
 
 
-def prefetch_config_from_env() -> tuple[int, int]:
-    """(chunk bytes, MLP bytes): `L2Prefetcher`'s arguments from STREAMSCRIBE_L2_PREFETCH_CHUNK_KB (default 16) and
-    STREAMSCRIBE_L2_PREFETCH_MLP_MB (default 0), read now; a bad value is refused with the switch's name."""
-    chunk = env_int("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", 16, 1, 1 << 16, "a chunk size in KB (1..65536)")
-    text = os.environ.get("STREAMSCRIBE_L2_PREFETCH_MLP_MB", "0")
+def _env_mb(name: str) -> int:
+    """Bytes of the environment switch `name`, a number of MB in 0..1024 (default 0)."""
+    text = os.environ.get(name, "0")
     try:
-        mlp_mb = float(text)
+        mb = float(text)
     except ValueError:
-        mlp_mb = -1.0
-    if not 0 <= mlp_mb <= 1024:
-        raise ValueError(f"STREAMSCRIBE_L2_PREFETCH_MLP_MB must be a number of MB in 0..1024, got {text!r}")
-    return chunk << 10, int(mlp_mb * (1 << 20))
+        mb = -1.0
+    if not 0 <= mb <= 1024:
+        raise ValueError(f"{name} must be a number of MB in 0..1024, got {text!r}")
+    return int(mb * (1 << 20))
+
+
+def prefetch_config_from_env() -> tuple[int, int, int]:
+    """(chunk bytes, MLP bytes, ahead bytes): `L2Prefetcher`'s arguments from STREAMSCRIBE_L2_PREFETCH_CHUNK_KB
+    (default 16), STREAMSCRIBE_L2_PREFETCH_MLP_MB and STREAMSCRIBE_L2_PREFETCH_AHEAD_MB (default 0), read now; a bad
+    value is refused with the switch's name."""
+    chunk = env_int("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", 16, 1, 1 << 16, "a chunk size in KB (1..65536)")
+    return chunk << 10, _env_mb("STREAMSCRIBE_L2_PREFETCH_MLP_MB"), _env_mb("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB")
 
 
 class L2Prefetcher:
     """Fetches tensors into L2 from a side stream (see the module's docstring); one per chain of kernels."""
 
-    def __init__(self, device: torch.device, chunk_bytes: int = 16 << 10, mlp_bytes: int = 0) -> None:
+    def __init__(self, device: torch.device, chunk_bytes: int = 16 << 10, mlp_bytes: int = 0,
+                 ahead_bytes: int = 0) -> None:
         if chunk_bytes <= 0 or chunk_bytes % ALIGN:
             raise ValueError(f"chunk_bytes must be a positive multiple of {ALIGN}, got {chunk_bytes}")
         self.device = device
         self.chunk_bytes = chunk_bytes
         self.mlp_bytes = mlp_bytes  # leading bytes of the MLP's first projection fetched with the o projection
+        self.ahead_bytes = ahead_bytes  # > 0: the "ahead" mode, at most this many bytes of each next projection
         self.side = torch.cuda.Stream(device)
         self.pending = False
         self.fetched_bytes = 0  # bytes asked for since this prefetcher was made (tests, benchmarks)

@@ -29,8 +29,8 @@ from test_engine import run_join_leave_scenario, transcribe_clips
 class RecordingPrefetcher:
     """Stands in for `L2Prefetcher` on the CPU: records what is asked for."""
 
-    def __init__(self, mlp_bytes: int = 0) -> None:
-        self.mlp_bytes = mlp_bytes
+    def __init__(self, mlp_bytes: int = 0, ahead_bytes: int = 0) -> None:
+        self.mlp_bytes, self.ahead_bytes = mlp_bytes, ahead_bytes
         self.calls: list[tuple[int, int | None]] = []  # (data_ptr, max_bytes)
         self.joins = 0
 
@@ -53,18 +53,20 @@ def test_fetch_plan_rounds_down_and_refuses_what_is_not_one_aligned_range():
 
 
 def test_prefetch_is_off_by_default_checked_and_absent_on_the_cpu(monkeypatch, tiny_model):
-    from realtime.engine.model_runner import ModelRunner
+    from realtime.engine.model_runner import ModelRunner, prefetch_config_for
 
     model, _ = tiny_model
-    for name in ("STREAMSCRIBE_L2_PREFETCH", "STREAMSCRIBE_L2_PREFETCH_MLP_MB", "STREAMSCRIBE_L2_PREFETCH_CHUNK_KB"):
+    for name in ("STREAMSCRIBE_L2_PREFETCH", "STREAMSCRIBE_L2_PREFETCH_MLP_MB", "STREAMSCRIBE_L2_PREFETCH_CHUNK_KB",
+                 "STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS"):
         monkeypatch.delenv(name, raising=False)
     assert not prefetch_switched_on()
-    assert prefetch_config_from_env() == (16 << 10, 0)
+    assert prefetch_config_from_env() == (16 << 10, 0, 0)
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH", "1")
     assert prefetch_switched_on()
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_MLP_MB", "2.5")
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", "64")
-    assert prefetch_config_from_env() == (64 << 10, int(2.5 * (1 << 20)))
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "32")
+    assert prefetch_config_from_env() == (64 << 10, int(2.5 * (1 << 20)), 32 << 20)
     assert not l2_prefetch_supported(torch.device("cpu"))
     for choice in (None, True, False):  # switched on, but no GPU to fetch on
         runner = ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1, l2_prefetch=choice))
@@ -73,6 +75,18 @@ def test_prefetch_is_off_by_default_checked_and_absent_on_the_cpu(monkeypatch, t
     with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_MLP_MB must be a number of MB"):
         prefetch_config_from_env()
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_MLP_MB", "0")
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "-1")
+    with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_AHEAD_MB must be a number of MB"):
+        prefetch_config_from_env()
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "32")
+    assert prefetch_config_for("lm") == prefetch_config_for("encoder") == (64 << 10, 0, 32 << 20)
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS", "encoder")
+    assert prefetch_config_for("lm") == (64 << 10, 0, 0) and prefetch_config_for("encoder")[2] == 32 << 20
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS", "audio")
+    with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS must be lm, encoder or both"):
+        ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1))
+    monkeypatch.delenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS")
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "0")
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", "0")
     with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_CHUNK_KB must be"):
         ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1))  # refused even where nothing is fetched
@@ -87,31 +101,43 @@ def tiny_model(tiny_ckpt):
     return load_model(path)[0], load_tokenizer(path)
 
 
-@pytest.mark.parametrize(("streams", "one_row", "mlp_bytes"), [(1, True, 0), (1, True, 4096), (2, False, 4096)])
-def test_each_layer_asks_for_its_o_projection_then_its_mlp_input_and_the_step_joins(tiny_model, streams, one_row,
-                                                                                    mlp_bytes):
-    """Every LM step asks, layer by layer, for the o projection's weights (and with `mlp_bytes`, the head of the
-    MLP's fused gate/up matrix), and joins once at its end; every encoder step likewise with its own prefetcher.
-    The tokens stay the single-stream session's (a recording prefetcher changes nothing, but the hooks must not
-    either)."""
+@pytest.mark.parametrize(("streams", "one_row", "mlp_bytes", "ahead_bytes"),
+                         [(1, True, 0, 0), (1, True, 4096, 0), (2, False, 4096, 0), (1, True, 0, 8192),
+                          (2, False, 4096, 8192)])
+def test_each_layer_asks_for_the_weights_it_reads_next_and_the_step_joins(tiny_model, streams, one_row, mlp_bytes,
+                                                                         ahead_bytes):
+    """Every LM step asks, layer by layer, for the o projection's weights at the attention (and with `mlp_bytes`,
+    the head of the MLP's fused gate/up matrix), and joins once at its end; every encoder step likewise with its own
+    prefetcher. In the "ahead" mode (`ahead_bytes`) each projection asks for the next one's weights instead: o,
+    gate/up, down, the next layer's q/k/v (after the LM's last layer on the one-row path, the head). The tokens
+    stay the single-stream session's (a recording prefetcher changes nothing, but the hooks must not either)."""
     model, tok = tiny_model
     eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=2, max_batch=2, block_size=4,
                                                         one_row_decode=one_row))
-    lm, enc = RecordingPrefetcher(mlp_bytes), RecordingPrefetcher(mlp_bytes)
+    lm, enc = RecordingPrefetcher(mlp_bytes, ahead_bytes), RecordingPrefetcher(mlp_bytes, ahead_bytes)
     eng.runner.lm_prefetcher, eng.runner.enc_prefetcher = lm, enc
     clips = [synthetic_audio(1.5, seed=40 + i) for i in range(streams)]
     assert transcribe_clips(eng, clips) == [transcribe(model, tok, clip).token_ids for clip in clips]
 
-    def expected(layers) -> list[tuple[int, int | None]]:
+    def expected(layers, after: torch.Tensor | None) -> list[tuple[int, int | None]]:
         out = []
-        for layer in layers:
-            out.append((layer.self_attn.o_proj.weight.data_ptr(), None))
+        for i, layer in enumerate(layers):
+            if ahead_bytes:
+                out.append((layer.self_attn.o_proj.weight.data_ptr(), ahead_bytes))
+            else:
+                out.append((layer.self_attn.o_proj.weight.data_ptr(), None))
             if mlp_bytes:
                 out.append((layer.mlp._gate_up.data_ptr(), mlp_bytes))
+            if ahead_bytes:
+                out.append((layer.mlp._gate_up.data_ptr(), ahead_bytes))
+                out.append((layer.mlp.down_proj.weight.data_ptr(), ahead_bytes))
+                following = layers[i + 1].self_attn._qkv[0] if i + 1 < len(layers) else after
+                if following is not None:
+                    out.append((following.data_ptr(), ahead_bytes))
         return out
 
-    per_lm_step = expected(model.language_model.layers)
-    per_enc_step = expected(model.audio_tower.layers)
+    per_lm_step = expected(model.language_model.layers, model.head_weight() if streams == 1 else None)
+    per_enc_step = expected(model.audio_tower.layers, None)
     assert lm.joins > 0 and enc.joins > 0
     assert lm.calls == per_lm_step * lm.joins
     assert enc.calls == per_enc_step * enc.joins
@@ -159,9 +185,10 @@ def test_gpu_bulk_prefetch_runs_and_leaves_the_bytes_alone():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cuda_graphs", [True, False])
-def test_gpu_engine_with_l2_prefetch_keeps_every_streams_tokens(tiny_ckpt, cuda_graphs):
-    """The sixteen-stream join/leave scenario with the prefetchers on (fp32: the single-stream session's tokens),
-    and the embedded model in bf16 at batch 1 (the one-row path) giving the same tokens with them on and off."""
+def test_gpu_engine_with_l2_prefetch_keeps_every_streams_tokens(tiny_ckpt, monkeypatch, cuda_graphs):
+    """The sixteen-stream join/leave scenario with the prefetchers on, at the attention and ahead (fp32: the
+    single-stream session's tokens), and the embedded model in bf16 at batch 1 (the one-row path) giving the same
+    tokens with them off, at the attention, and ahead (32 MB, with 4 MB of the MLP at the attention)."""
     dev = torch.device("cuda")
     if not l2_prefetch_supported(dev):
         pytest.skip("the bulk prefetch needs sm_90+")
@@ -171,18 +198,24 @@ def test_gpu_engine_with_l2_prefetch_keeps_every_streams_tokens(tiny_ckpt, cuda_
     torch.backends.cuda.matmul.allow_tf32 = False
     path = tiny_ckpt(seed=1)
     model, _ = load_model(path, device="cuda")
-    opts = RunnerOptions(max_streams=12, max_batch=8, block_size=16, cuda_graphs=cuda_graphs, l2_prefetch=True)
-    run_join_leave_scenario(model, load_tokenizer(path), opts)
+    for ahead in ("0", "32"):
+        monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", ahead)
+        opts = RunnerOptions(max_streams=12, max_batch=8, block_size=16, cuda_graphs=cuda_graphs, l2_prefetch=True)
+        run_join_leave_scenario(model, load_tokenizer(path), opts)
 
     model, _ = load_model(DEFAULT_MODEL_DIR, device="cuda", dtype=torch.bfloat16)
     tok = load_tokenizer(DEFAULT_MODEL_DIR)
     audio = load_audio_file(str(DEFAULT_MODEL_DIR.parent.parent / "demo" / "samples" / "sample_en.wav"), 16000)
     got = {}
-    for on in (False, True):
+    for mode, ahead, mlp in (("off", "0", "0"), ("attention", "0", "0"), ("ahead", "32", "4")):
+        monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", ahead)
+        monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_MLP_MB", mlp)
         eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=cuda_graphs,
-                                                            l2_prefetch=on))
+                                                            l2_prefetch=mode != "off"))
+        on = mode != "off"
         assert (eng.runner.lm_prefetcher is not None) == on and (eng.runner.enc_prefetcher is not None) == on
-        got[on] = transcribe_clips(eng, [audio[: 8 * 16000]])[0]
+        got[mode] = transcribe_clips(eng, [audio[: 8 * 16000]])[0]
         if on:
             assert eng.runner.lm_prefetcher.fetched_bytes > 0 and eng.runner.enc_prefetcher.fetched_bytes > 0
-    assert len(got[False]) > 50 and got[True] == got[False]
+            assert eng.runner.enc_prefetcher.ahead_bytes == int(ahead) << 20
+    assert len(got["off"]) > 50 and got["attention"] == got["off"] and got["ahead"] == got["off"]

@@ -49,9 +49,15 @@ class PagedAttention:
         p = self.prefetcher
         if p is None:
             return
-        p.fetch(o_weight)
+        if not p.ahead_bytes:  # (ahead: o's weights were asked for before the q/k/v projection)
+            p.fetch(o_weight)
         if p.mlp_bytes and mlp_weight is not None:
             p.fetch(mlp_weight, p.mlp_bytes)
+
+    def prefetch_next(self, weight: torch.Tensor) -> None:
+        p = self.prefetcher
+        if p is not None and p.ahead_bytes:
+            p.fetch(weight, p.ahead_bytes)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # [1, T, H, D]: the batch is flattened into one row of tokens

@@ -136,6 +136,17 @@ def encoder_rows_for(opts: RunnerOptions) -> int:
     return rows
 
 
+def prefetch_config_for(chain: str) -> tuple[int, int, int]:
+    """`L2Prefetcher`'s (chunk, MLP, ahead) bytes for `chain` ("lm" or "encoder") from the environment
+    (`kernels.l2_prefetch.prefetch_config_from_env`); STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS (lm, encoder or both, the
+    default) limits the "ahead" mode to one chain, the other fetching at its attention (A/B runs)."""
+    chunk, mlp, ahead = prefetch_config_from_env()
+    chains = os.environ.get("STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS", "both")
+    if chains not in ("lm", "encoder", "both"):
+        raise ValueError(f"STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS must be lm, encoder or both, got {chains!r}")
+    return chunk, mlp, ahead if chains in (chain, "both") else 0
+
+
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
     """(encoder, LM) KV bytes one admitted stream reserves."""
     enc, lm = cache_specs(model, opts)
@@ -239,8 +250,8 @@ class ModelRunner:
         self._enc_pending = False  # an ahead encoder call the main stream has not waited for yet
         self._enc_waits_main = False  # main-stream writes (admission) the encoder stream must wait for
         self.one_row_decode = self._wants_one_row_decode()
-        self.lm_prefetcher = self._prefetcher()
-        self.enc_prefetcher = self._prefetcher()
+        self.lm_prefetcher = self._prefetcher("lm")
+        self.enc_prefetcher = self._prefetcher("encoder")
         self.seq_ids = torch.arange(b, dtype=i32, device=dev)
         self.next_ids = torch.zeros(b, dtype=i64, device=dev)
         # the encoder step (one audio token per stream; several when speculation looks ahead)
@@ -284,13 +295,13 @@ class ModelRunner:
             return s
         return torch.cuda.Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
 
-    def _prefetcher(self) -> L2Prefetcher | None:
-        """A chain's L2 prefetcher (`RunnerOptions.l2_prefetch`; its chunk and MLP bytes from the environment,
-        `kernels.l2_prefetch.prefetch_config_from_env`), or None."""
+    def _prefetcher(self, chain: str) -> L2Prefetcher | None:
+        """The L2 prefetcher of `chain` ("lm" or "encoder"; `RunnerOptions.l2_prefetch`; its sizes
+        `prefetch_config_for(chain)`), or None."""
         choice = self.opts.l2_prefetch
         if choice is False or (choice is None and not prefetch_switched_on()):
             return None
-        config = prefetch_config_from_env()  # a bad switch is refused on every device
+        config = prefetch_config_for(chain)  # a bad switch is refused on every device
         if not l2_prefetch_supported(self.device):
             logger.warning("L2 prefetch needs sm_90+ CUDA with Triton: off on %s", self.device)
             return None
