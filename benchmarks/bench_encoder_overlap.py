@@ -61,6 +61,7 @@ DOT_CONFIGS = os.environ.get("BENCH_ONE_ROW_DOT_CONFIGS", json.dumps(
     {"qkv": [16, 0, 4, 2, 1], "residual": [16, 0, 2, 3, 1], "gate_up": [16, 0, 4, 3, 1], "head": [32, 0, 4, 2, 1]}))
 VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py, kernels/_dispatch.py, model_runner)
     "default": {},
+    "default_again": {},  # the default in runners of its own: how much two runners of the same code differ
     "cublas": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "0", "STREAMSCRIBE_ONE_ROW": "0"},
     "pdl": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "0", "STREAMSCRIBE_ONE_ROW": "0"},
     "skinny": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "0"},
@@ -103,8 +104,10 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "l2_prefetch": {"STREAMSCRIBE_L2_PREFETCH": "1"},
     **{f"l2_prefetch_mlp{n}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_MLP_MB": str(n)}
        for n in (4, 8, 16)},
-    **{f"l2_prefetch_chunk{n}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_CHUNK_KB": str(n)}
-       for n in (4, 64)},
+    # `_KxP`: chunks of K KB, P a program (`L2Prefetcher.chunk_bytes`, `per_program`; the default 64x32)
+    **{f"l2_prefetch_{k}x{p}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_CHUNK_KB": str(k),
+                                "STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM": str(p)}
+       for k, p in ((16, 32), (64, 4), (64, 1), (256, 4), (256, 1), (1024, 1))},
     # the "ahead" mode: each projection asks for the next one's weights (at most N MB); `_enc`: in the encoder's
     # chain only (the LM's weights do not fit in L2 two at a time), the LM fetching at its attention as `l2_prefetch`
     **{f"l2_ahead{n}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_AHEAD_MB": str(n)}

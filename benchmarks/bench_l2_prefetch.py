@@ -12,7 +12,9 @@ The projection's own time is then `cold - spin_only` against `prefetched - spin_
 bytes over the copy bandwidth measured in the same run. Shapes: the full-size model's encoder o (1280 x 2048),
 down (1280 x 5120), gate/up (10240 x 1280), LM o (3072 x 4096).
 
-    python benchmarks/bench_l2_prefetch.py --out F.json [--chunks-kb 4,16,64]
+    python benchmarks/bench_l2_prefetch.py --out F.json [--configs 64x32,256x1]
+
+`--configs`: the prefetcher's chunk size in KB x chunks a program (`L2Prefetcher.chunk_bytes`, `per_program`).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def main() -> int:
     ap.add_argument("--flush-mb", type=int, default=160)
     ap.add_argument("--spin-us", type=float, default=12.0)
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--chunks-kb", default="4,16,64")
+    ap.add_argument("--configs", default="16x32,64x32,64x4,64x1,256x4,256x1,1024x1")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     dev = torch.device("cuda")
@@ -106,8 +108,9 @@ def main() -> int:
             linear(x, w, max_rows=64)
 
         row = {"floor_us": floor_us, "cold_us": time_graph(cold, args.iters) - spin_only}
-        for kb in [int(c) for c in args.chunks_kb.split(",")]:
-            p = L2Prefetcher(dev, chunk_bytes=kb << 10)
+        for config in args.configs.split(","):
+            kb, per = (int(v) for v in config.split("x"))
+            p = L2Prefetcher(dev, chunk_bytes=kb << 10, per_program=per)
 
             def prefetched(p=p) -> None:
                 flush.fill_(1)
@@ -116,7 +119,7 @@ def main() -> int:
                 linear(x, w, max_rows=64)
                 p.join()
 
-            row[f"prefetched_chunk{kb}_us"] = time_graph(prefetched, args.iters) - spin_only
+            row[f"prefetched_{kb}x{per}_us"] = time_graph(prefetched, args.iters) - spin_only
         report["shapes"][name] = row
         log.info("%s %dx%d: floor %.2f us, cold %.2f us, %s", name, n, k, floor_us, row["cold_us"],
                  ", ".join(f"{key} {v:.2f}" for key, v in row.items() if key.startswith("prefetched")))

@@ -25,7 +25,9 @@ audio encoder's at batch 1: 5-26 MB each, against 50 MB of L2).
 STREAMSCRIBE_L2_PREFETCH=1 turns it on where supported (sm_90+ with Triton; runners read it when made);
 STREAMSCRIBE_L2_PREFETCH_MLP_MB=X also fetches the first X MB of the layer's MLP input projection at the
 attention; STREAMSCRIBE_L2_PREFETCH_AHEAD_MB=X the "ahead" mode, at most X MB a projection;
-STREAMSCRIBE_L2_PREFETCH_CHUNK_KB the size of one bulk prefetch (default 16).
+STREAMSCRIBE_L2_PREFETCH_CHUNK_KB the size of one bulk prefetch (default 64: on an H100, 16 KB chunks brought the LM's
+o projection (25 MB) in too slowly to help, 64 KB ones in time: `benchmarks/bench_l2_prefetch.py`);
+STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM how many of them one program (one SM's copy engine) issues (default 32).
 """
 
 from __future__ import annotations
@@ -74,23 +76,29 @@ def _env_mb(name: str) -> int:
     return int(mb * (1 << 20))
 
 
-def prefetch_config_from_env() -> tuple[int, int, int]:
-    """(chunk bytes, MLP bytes, ahead bytes): `L2Prefetcher`'s arguments from STREAMSCRIBE_L2_PREFETCH_CHUNK_KB
-    (default 16), STREAMSCRIBE_L2_PREFETCH_MLP_MB and STREAMSCRIBE_L2_PREFETCH_AHEAD_MB (default 0), read now; a bad
-    value is refused with the switch's name."""
-    chunk = env_int("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", 16, 1, 1 << 16, "a chunk size in KB (1..65536)")
-    return chunk << 10, _env_mb("STREAMSCRIBE_L2_PREFETCH_MLP_MB"), _env_mb("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB")
+def prefetch_config_from_env() -> tuple[int, int, int, int]:
+    """(chunk bytes, MLP bytes, ahead bytes, chunks a program): `L2Prefetcher`'s arguments from
+    STREAMSCRIBE_L2_PREFETCH_CHUNK_KB (default 64), STREAMSCRIBE_L2_PREFETCH_MLP_MB and STREAMSCRIBE_L2_PREFETCH_AHEAD_MB
+    (default 0), STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM (default 32), read now; a bad value is refused with the
+    switch's name."""
+    chunk = env_int("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", 64, 1, 1 << 16, "a chunk size in KB (1..65536)")
+    per_program = env_int("STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM", 32, 1, 32, "a number of chunks in 1..32")
+    return (chunk << 10, _env_mb("STREAMSCRIBE_L2_PREFETCH_MLP_MB"), _env_mb("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB"),
+            per_program)
 
 
 class L2Prefetcher:
     """Fetches tensors into L2 from a side stream (see the module's docstring); one per chain of kernels."""
 
-    def __init__(self, device: torch.device, chunk_bytes: int = 16 << 10, mlp_bytes: int = 0,
-                 ahead_bytes: int = 0) -> None:
+    def __init__(self, device: torch.device, chunk_bytes: int = 64 << 10, mlp_bytes: int = 0,
+                 ahead_bytes: int = 0, per_program: int = 32) -> None:
         if chunk_bytes <= 0 or chunk_bytes % ALIGN:
             raise ValueError(f"chunk_bytes must be a positive multiple of {ALIGN}, got {chunk_bytes}")
+        if not 1 <= per_program <= 32:
+            raise ValueError(f"per_program must be in 1..32, got {per_program}")
         self.device = device
         self.chunk_bytes = chunk_bytes
+        self.per_program = per_program  # bulk prefetches a program issues (one a lane)
         self.mlp_bytes = mlp_bytes  # leading bytes of the MLP's first projection fetched with the o projection
         self.ahead_bytes = ahead_bytes  # > 0: the "ahead" mode, at most this many bytes of each next projection
         self.side = torch.cuda.Stream(device)
@@ -106,7 +114,7 @@ class L2Prefetcher:
             return
         self.side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.side):
-            launch_l2_prefetch(t.reshape(-1).view(torch.uint8), n, self.chunk_bytes)
+            launch_l2_prefetch(t.reshape(-1).view(torch.uint8), n, self.chunk_bytes, self.per_program)
         self.pending = True
         self.fetched_bytes += n
 

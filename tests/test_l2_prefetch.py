@@ -57,16 +57,18 @@ def test_prefetch_is_off_by_default_checked_and_absent_on_the_cpu(monkeypatch, t
 
     model, _ = tiny_model
     for name in ("STREAMSCRIBE_L2_PREFETCH", "STREAMSCRIBE_L2_PREFETCH_MLP_MB", "STREAMSCRIBE_L2_PREFETCH_CHUNK_KB",
-                 "STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS"):
+                 "STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS",
+                 "STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM"):
         monkeypatch.delenv(name, raising=False)
     assert not prefetch_switched_on()
-    assert prefetch_config_from_env() == (16 << 10, 0, 0)
+    assert prefetch_config_from_env() == (64 << 10, 0, 0, 32)
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH", "1")
     assert prefetch_switched_on()
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_MLP_MB", "2.5")
-    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", "64")
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", "256")
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "32")
-    assert prefetch_config_from_env() == (64 << 10, int(2.5 * (1 << 20)), 32 << 20)
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM", "4")
+    assert prefetch_config_from_env() == (256 << 10, int(2.5 * (1 << 20)), 32 << 20, 4)
     assert not l2_prefetch_supported(torch.device("cpu"))
     for choice in (None, True, False):  # switched on, but no GPU to fetch on
         runner = ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1, l2_prefetch=choice))
@@ -79,9 +81,9 @@ def test_prefetch_is_off_by_default_checked_and_absent_on_the_cpu(monkeypatch, t
     with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_AHEAD_MB must be a number of MB"):
         prefetch_config_from_env()
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "32")
-    assert prefetch_config_for("lm") == prefetch_config_for("encoder") == (64 << 10, 0, 32 << 20)
+    assert prefetch_config_for("lm") == prefetch_config_for("encoder") == (256 << 10, 0, 32 << 20, 4)
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS", "encoder")
-    assert prefetch_config_for("lm") == (64 << 10, 0, 0) and prefetch_config_for("encoder")[2] == 32 << 20
+    assert prefetch_config_for("lm") == (256 << 10, 0, 0, 4) and prefetch_config_for("encoder")[2] == 32 << 20
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS", "audio")
     with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS must be lm, encoder or both"):
         ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1))
@@ -90,6 +92,10 @@ def test_prefetch_is_off_by_default_checked_and_absent_on_the_cpu(monkeypatch, t
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", "0")
     with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_CHUNK_KB must be"):
         ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1))  # refused even where nothing is fetched
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", "64")
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM", "33")
+    with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM must be a number of chunks in 1..32"):
+        prefetch_config_from_env()
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH", "0")
     ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1))  # switched off: the other switches are not read
 
@@ -152,7 +158,7 @@ def test_gpu_bulk_prefetch_runs_and_leaves_the_bytes_alone():
     if not l2_prefetch_supported(dev):
         pytest.skip("the bulk prefetch needs sm_90+")
     torch.manual_seed(0)
-    p = L2Prefetcher(dev, chunk_bytes=4096)
+    p = L2Prefetcher(dev, chunk_bytes=4096, per_program=3)
     tensors = [torch.randn(n, device=dev, dtype=torch.bfloat16) for n in (8, 1000, 4096 * 5 + 24, 3 << 20)]
     before = [t.clone() for t in tensors]
     for t in tensors:

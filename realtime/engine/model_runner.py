@@ -136,15 +136,16 @@ def encoder_rows_for(opts: RunnerOptions) -> int:
     return rows
 
 
-def prefetch_config_for(chain: str) -> tuple[int, int, int]:
-    """`L2Prefetcher`'s (chunk, MLP, ahead) bytes for `chain` ("lm" or "encoder") from the environment
+def prefetch_config_for(chain: str) -> tuple[int, int, int, int]:
+    """`L2Prefetcher`'s (chunk, MLP, ahead) bytes and chunks a program for `chain` ("lm" or "encoder") from the
+    environment
     (`kernels.l2_prefetch.prefetch_config_from_env`); STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS (lm, encoder or both, the
     default) limits the "ahead" mode to one chain, the other fetching at its attention (A/B runs)."""
-    chunk, mlp, ahead = prefetch_config_from_env()
+    chunk, mlp, ahead, per_program = prefetch_config_from_env()
     chains = os.environ.get("STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS", "both")
     if chains not in ("lm", "encoder", "both"):
         raise ValueError(f"STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS must be lm, encoder or both, got {chains!r}")
-    return chunk, mlp, ahead if chains in (chain, "both") else 0
+    return chunk, mlp, ahead if chains in (chain, "both") else 0, per_program
 
 
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
