@@ -104,6 +104,9 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "l2_prefetch": {"STREAMSCRIBE_L2_PREFETCH": "1"},
     **{f"l2_prefetch_mlp{n}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_MLP_MB": str(n)}
        for n in (4, 8, 16)},
+    # only the LM's chain fetches, or only the encoder's (STREAMSCRIBE_L2_PREFETCH_CHAINS)
+    "l2_prefetch_lm": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_CHAINS": "lm"},
+    "l2_prefetch_enc": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_CHAINS": "encoder"},
     # `_KxP`: chunks of K KB, P a program (`L2Prefetcher.chunk_bytes`, `per_program`; the default 64x32)
     **{f"l2_prefetch_{k}x{p}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_CHUNK_KB": str(k),
                                 "STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM": str(p)}

@@ -78,9 +78,9 @@ def _env_mb(name: str) -> int:
 
 def prefetch_config_from_env() -> tuple[int, int, int, int]:
     """(chunk bytes, MLP bytes, ahead bytes, chunks a program): `L2Prefetcher`'s arguments from
-    STREAMSCRIBE_L2_PREFETCH_CHUNK_KB (default 64), STREAMSCRIBE_L2_PREFETCH_MLP_MB and STREAMSCRIBE_L2_PREFETCH_AHEAD_MB
-    (default 0), STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM (default 32), read now; a bad value is refused with the
-    switch's name."""
+    STREAMSCRIBE_L2_PREFETCH_CHUNK_KB (default 64), STREAMSCRIBE_L2_PREFETCH_MLP_MB and
+    STREAMSCRIBE_L2_PREFETCH_AHEAD_MB (default 0), STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM (default 32), read now; a
+    bad value is refused with the switch's name."""
     chunk = env_int("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", 64, 1, 1 << 16, "a chunk size in KB (1..65536)")
     per_program = env_int("STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM", 32, 1, 32, "a number of chunks in 1..32")
     return (chunk << 10, _env_mb("STREAMSCRIBE_L2_PREFETCH_MLP_MB"), _env_mb("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB"),

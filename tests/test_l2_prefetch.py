@@ -58,7 +58,7 @@ def test_prefetch_is_off_by_default_checked_and_absent_on_the_cpu(monkeypatch, t
     model, _ = tiny_model
     for name in ("STREAMSCRIBE_L2_PREFETCH", "STREAMSCRIBE_L2_PREFETCH_MLP_MB", "STREAMSCRIBE_L2_PREFETCH_CHUNK_KB",
                  "STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS",
-                 "STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM"):
+                 "STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM", "STREAMSCRIBE_L2_PREFETCH_CHAINS"):
         monkeypatch.delenv(name, raising=False)
     assert not prefetch_switched_on()
     assert prefetch_config_from_env() == (64 << 10, 0, 0, 32)
@@ -84,10 +84,13 @@ def test_prefetch_is_off_by_default_checked_and_absent_on_the_cpu(monkeypatch, t
     assert prefetch_config_for("lm") == prefetch_config_for("encoder") == (256 << 10, 0, 32 << 20, 4)
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS", "encoder")
     assert prefetch_config_for("lm") == (256 << 10, 0, 0, 4) and prefetch_config_for("encoder")[2] == 32 << 20
-    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS", "audio")
-    with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS must be lm, encoder or both"):
-        ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1))
-    monkeypatch.delenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS")
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_CHAINS", "lm")
+    assert prefetch_config_for("encoder") is None and prefetch_config_for("lm") == (256 << 10, 0, 0, 4)
+    for name in ("STREAMSCRIBE_L2_PREFETCH_CHAINS", "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS"):
+        monkeypatch.setenv(name, "audio")
+        with pytest.raises(ValueError, match=f"{name} must be lm, encoder or both"):
+            ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1))
+        monkeypatch.delenv(name)
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "0")
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", "0")
     with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_CHUNK_KB must be"):

@@ -136,16 +136,26 @@ def encoder_rows_for(opts: RunnerOptions) -> int:
     return rows
 
 
-def prefetch_config_for(chain: str) -> tuple[int, int, int, int]:
-    """`L2Prefetcher`'s (chunk, MLP, ahead) bytes and chunks a program for `chain` ("lm" or "encoder") from the
-    environment
-    (`kernels.l2_prefetch.prefetch_config_from_env`); STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS (lm, encoder or both, the
-    default) limits the "ahead" mode to one chain, the other fetching at its attention (A/B runs)."""
-    chunk, mlp, ahead, per_program = prefetch_config_from_env()
-    chains = os.environ.get("STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS", "both")
+def _chain_switch(name: str) -> str:
+    """The environment switch `name`: lm, encoder or both (the default)."""
+    chains = os.environ.get(name, "both")
     if chains not in ("lm", "encoder", "both"):
-        raise ValueError(f"STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS must be lm, encoder or both, got {chains!r}")
-    return chunk, mlp, ahead if chains in (chain, "both") else 0, per_program
+        raise ValueError(f"{name} must be lm, encoder or both, got {chains!r}")
+    return chains
+
+
+def prefetch_config_for(chain: str) -> tuple[int, int, int, int] | None:
+    """`L2Prefetcher`'s (chunk, MLP, ahead) bytes and chunks a program for `chain` ("lm" or "encoder") from the
+    environment (`kernels.l2_prefetch.prefetch_config_from_env`), or None where the chain fetches nothing.
+    STREAMSCRIBE_L2_PREFETCH_CHAINS limits prefetching to one chain, STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS the
+    "ahead" mode (the other chain fetching at its attention); each lm, encoder or both, the default (A/B runs)."""
+    config = prefetch_config_from_env()
+    fetching, ahead_in = _chain_switch("STREAMSCRIBE_L2_PREFETCH_CHAINS"), _chain_switch(
+        "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS")
+    if fetching not in (chain, "both"):
+        return None
+    chunk, mlp, ahead, per_program = config
+    return chunk, mlp, ahead if ahead_in in (chain, "both") else 0, per_program
 
 
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
@@ -303,6 +313,8 @@ class ModelRunner:
         if choice is False or (choice is None and not prefetch_switched_on()):
             return None
         config = prefetch_config_for(chain)  # a bad switch is refused on every device
+        if config is None:
+            return None
         if not l2_prefetch_supported(self.device):
             logger.warning("L2 prefetch needs sm_90+ CUDA with Triton: off on %s", self.device)
             return None
