@@ -104,6 +104,10 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "l2_prefetch": {"STREAMSCRIBE_L2_PREFETCH": "1"},
     **{f"l2_prefetch_mlp{n}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_MLP_MB": str(n)}
        for n in (4, 8, 16)},
+    # the fetches from side streams (the fifty-fourth session's first form: an event at each fetch)
+    "l2_prefetch_side": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_SIDE": "1"},
+    "l2_ahead32_enc_side": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_AHEAD_MB": "32",
+                            "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS": "encoder", "STREAMSCRIBE_L2_PREFETCH_SIDE": "1"},
     # only the LM's chain fetches, or only the encoder's (STREAMSCRIBE_L2_PREFETCH_CHAINS)
     "l2_prefetch_lm": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_CHAINS": "lm"},
     "l2_prefetch_enc": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_CHAINS": "encoder"},

@@ -4,8 +4,8 @@ Each measured graph replays, `--iters` times over:
 
 - `cold`: a write of `--flush-mb` MB (evicts L2), a spin of `--spin-us` microseconds (a latency-bound kernel such as
   an attention: DRAM idle), then `linear` of `--rows` rows on the weight (the batch-invariant Triton kernel, PDL);
-- `prefetched`: the same, with the weight's prefetch forked onto a side stream right after the flush, so that it
-  streams during the spin (what the engine does during each layer's attention);
+- `prefetched`: the same, with the weight's prefetch queued right after the flush (in the chain, or forked onto a
+  side stream), so that it streams during the spin (what the engine does during each layer's attention);
 - `spin_only` / `flush_only`: the parts alone, to subtract.
 
 The projection's own time is then `cold - spin_only` against `prefetched - spin_only`; its floor is the weight's
@@ -14,7 +14,8 @@ down (1280 x 5120), gate/up (10240 x 1280), LM o (3072 x 4096).
 
     python benchmarks/bench_l2_prefetch.py --out F.json [--configs 64x32,256x1]
 
-`--configs`: the prefetcher's chunk size in KB x chunks a program (`L2Prefetcher.chunk_bytes`, `per_program`).
+`--configs`: the prefetcher's chunk size in KB x chunks a program (`PrefetchConfig.chunk_bytes`, `per_program`),
+with a trailing `s` from a side stream (`side_stream`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_engine import copy_bandwidth
 
-from kernels.l2_prefetch import L2Prefetcher
+from kernels.l2_prefetch import L2Prefetcher, PrefetchConfig
 from kernels.linear import linear
 
 log = logging.getLogger("bench_l2_prefetch")
@@ -85,7 +86,7 @@ def main() -> int:
     ap.add_argument("--flush-mb", type=int, default=160)
     ap.add_argument("--spin-us", type=float, default=12.0)
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--configs", default="16x32,64x32,64x4,64x1,256x4,256x1,1024x1")
+    ap.add_argument("--configs", default="16x32,64x32,64x32s,256x32")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     dev = torch.device("cuda")
@@ -109,8 +110,9 @@ def main() -> int:
 
         row = {"floor_us": floor_us, "cold_us": time_graph(cold, args.iters) - spin_only}
         for config in args.configs.split(","):
-            kb, per = (int(v) for v in config.split("x"))
-            p = L2Prefetcher(dev, chunk_bytes=kb << 10, per_program=per)
+            side = config.endswith("s")
+            kb, per = (int(v) for v in config.rstrip("s").split("x"))
+            p = L2Prefetcher(dev, PrefetchConfig(chunk_bytes=kb << 10, per_program=per, side_stream=side))
 
             def prefetched(p=p) -> None:
                 flush.fill_(1)
@@ -119,7 +121,7 @@ def main() -> int:
                 linear(x, w, max_rows=64)
                 p.join()
 
-            row[f"prefetched_{kb}x{per}_us"] = time_graph(prefetched, args.iters) - spin_only
+            row[f"prefetched_{config}_us"] = time_graph(prefetched, args.iters) - spin_only
         report["shapes"][name] = row
         log.info("%s %dx%d: floor %.2f us, cold %.2f us, %s", name, n, k, floor_us, row["cold_us"],
                  ", ".join(f"{key} {v:.2f}" for key, v in row.items() if key.startswith("prefetched")))

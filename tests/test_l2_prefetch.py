@@ -14,6 +14,7 @@ from conftest import synthetic_audio
 from kernels.l2_prefetch import (
     ALIGN,
     L2Prefetcher,
+    PrefetchConfig,
     fetch_plan,
     l2_prefetch_supported,
     prefetch_config_from_env,
@@ -58,17 +59,20 @@ def test_prefetch_is_off_by_default_checked_and_absent_on_the_cpu(monkeypatch, t
     model, _ = tiny_model
     for name in ("STREAMSCRIBE_L2_PREFETCH", "STREAMSCRIBE_L2_PREFETCH_MLP_MB", "STREAMSCRIBE_L2_PREFETCH_CHUNK_KB",
                  "STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS",
-                 "STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM", "STREAMSCRIBE_L2_PREFETCH_CHAINS"):
+                 "STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM", "STREAMSCRIBE_L2_PREFETCH_CHAINS",
+                 "STREAMSCRIBE_L2_PREFETCH_SIDE"):
         monkeypatch.delenv(name, raising=False)
     assert not prefetch_switched_on()
-    assert prefetch_config_from_env() == (64 << 10, 0, 0, 32)
+    assert prefetch_config_from_env() == PrefetchConfig() == PrefetchConfig(64 << 10, 0, 0, 32, False)
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH", "1")
     assert prefetch_switched_on()
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_MLP_MB", "2.5")
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_CHUNK_KB", "256")
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "32")
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM", "4")
-    assert prefetch_config_from_env() == (256 << 10, int(2.5 * (1 << 20)), 32 << 20, 4)
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_SIDE", "1")
+    config = PrefetchConfig(256 << 10, int(2.5 * (1 << 20)), 32 << 20, 4, True)
+    assert prefetch_config_from_env() == config
     assert not l2_prefetch_supported(torch.device("cpu"))
     for choice in (None, True, False):  # switched on, but no GPU to fetch on
         runner = ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1, l2_prefetch=choice))
@@ -81,11 +85,14 @@ def test_prefetch_is_off_by_default_checked_and_absent_on_the_cpu(monkeypatch, t
     with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_AHEAD_MB must be a number of MB"):
         prefetch_config_from_env()
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", "32")
-    assert prefetch_config_for("lm") == prefetch_config_for("encoder") == (256 << 10, 0, 32 << 20, 4)
+    config = PrefetchConfig(256 << 10, 0, 32 << 20, 4, True)
+    assert prefetch_config_for("lm") == prefetch_config_for("encoder") == config
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS", "encoder")
-    assert prefetch_config_for("lm") == (256 << 10, 0, 0, 4) and prefetch_config_for("encoder")[2] == 32 << 20
+    assert prefetch_config_for("lm") == PrefetchConfig(256 << 10, 0, 0, 4, True)
+    assert prefetch_config_for("encoder") == config
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_CHAINS", "lm")
-    assert prefetch_config_for("encoder") is None and prefetch_config_for("lm") == (256 << 10, 0, 0, 4)
+    assert prefetch_config_for("encoder") is None  # (and the LM, outside the ahead chains, fetches at attention)
+    assert prefetch_config_for("lm") == PrefetchConfig(256 << 10, 0, 0, 4, True)
     for name in ("STREAMSCRIBE_L2_PREFETCH_CHAINS", "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS"):
         monkeypatch.setenv(name, "audio")
         with pytest.raises(ValueError, match=f"{name} must be lm, encoder or both"):
@@ -99,6 +106,14 @@ def test_prefetch_is_off_by_default_checked_and_absent_on_the_cpu(monkeypatch, t
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM", "33")
     with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM must be a number of chunks in 1..32"):
         prefetch_config_from_env()
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM", "32")
+    monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_SIDE", "yes")
+    with pytest.raises(ValueError, match="STREAMSCRIBE_L2_PREFETCH_SIDE must be 0 or 1"):
+        prefetch_config_from_env()
+    with pytest.raises(ValueError, match="per_program must be in 1..32"):
+        PrefetchConfig(per_program=0)
+    with pytest.raises(ValueError, match="chunk_bytes must be a positive multiple of 16"):
+        PrefetchConfig(chunk_bytes=1000)
     monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH", "0")
     ModelRunner(model, RunnerOptions(max_streams=1, max_batch=1))  # switched off: the other switches are not read
 
@@ -153,15 +168,16 @@ def test_each_layer_asks_for_the_weights_it_reads_next_and_the_step_joins(tiny_m
 
 
 @pytest.mark.gpu
-def test_gpu_bulk_prefetch_runs_and_leaves_the_bytes_alone():
-    """The kernel compiles and runs on sizes that are and are not multiples of its chunk, from a side stream
-    joined back, eagerly and inside a CUDA graph; the fetched tensors keep their bytes, and a product that reads
-    them right after gives the bits it gives without the prefetch."""
+@pytest.mark.parametrize("side_stream", [False, True])
+def test_gpu_bulk_prefetch_runs_and_leaves_the_bytes_alone(side_stream):
+    """The kernel compiles and runs on sizes that are and are not multiples of its chunk, in the chain (PDL) and
+    from a side stream joined back, eagerly and inside a CUDA graph; the fetched tensors keep their bytes, and a
+    product that reads them right after gives the bits it gives without the prefetch."""
     dev = torch.device("cuda")
     if not l2_prefetch_supported(dev):
         pytest.skip("the bulk prefetch needs sm_90+")
     torch.manual_seed(0)
-    p = L2Prefetcher(dev, chunk_bytes=4096, per_program=3)
+    p = L2Prefetcher(dev, PrefetchConfig(chunk_bytes=4096, per_program=3, side_stream=side_stream))
     tensors = [torch.randn(n, device=dev, dtype=torch.bfloat16) for n in (8, 1000, 4096 * 5 + 24, 3 << 20)]
     before = [t.clone() for t in tensors]
     for t in tensors:
@@ -195,9 +211,10 @@ def test_gpu_bulk_prefetch_runs_and_leaves_the_bytes_alone():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cuda_graphs", [True, False])
 def test_gpu_engine_with_l2_prefetch_keeps_every_streams_tokens(tiny_ckpt, monkeypatch, cuda_graphs):
-    """The sixteen-stream join/leave scenario with the prefetchers on, at the attention and ahead (fp32: the
-    single-stream session's tokens), and the embedded model in bf16 at batch 1 (the one-row path) giving the same
-    tokens with them off, at the attention, and ahead (32 MB, with 4 MB of the MLP at the attention)."""
+    """The sixteen-stream join/leave scenario with the prefetchers on, at the attention and ahead, in the chain
+    and from side streams (fp32: the single-stream session's tokens), and the embedded model in bf16 at batch 1
+    (the one-row path) giving the same tokens with them off, at the attention, and ahead (32 MB, with 4 MB of the
+    MLP at the attention; in the chain and from side streams)."""
     dev = torch.device("cuda")
     if not l2_prefetch_supported(dev):
         pytest.skip("the bulk prefetch needs sm_90+")
@@ -207,8 +224,9 @@ def test_gpu_engine_with_l2_prefetch_keeps_every_streams_tokens(tiny_ckpt, monke
     torch.backends.cuda.matmul.allow_tf32 = False
     path = tiny_ckpt(seed=1)
     model, _ = load_model(path, device="cuda")
-    for ahead in ("0", "32"):
+    for ahead, side in (("0", "0"), ("32", "0"), ("32", "1")):
         monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", ahead)
+        monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_SIDE", side)
         opts = RunnerOptions(max_streams=12, max_batch=8, block_size=16, cuda_graphs=cuda_graphs, l2_prefetch=True)
         run_join_leave_scenario(model, load_tokenizer(path), opts)
 
@@ -216,9 +234,11 @@ def test_gpu_engine_with_l2_prefetch_keeps_every_streams_tokens(tiny_ckpt, monke
     tok = load_tokenizer(DEFAULT_MODEL_DIR)
     audio = load_audio_file(str(DEFAULT_MODEL_DIR.parent.parent / "demo" / "samples" / "sample_en.wav"), 16000)
     got = {}
-    for mode, ahead, mlp in (("off", "0", "0"), ("attention", "0", "0"), ("ahead", "32", "4")):
+    modes = (("off", "0", "0", "0"), ("attention", "0", "0", "0"), ("ahead", "32", "4", "0"), ("side", "32", "4", "1"))
+    for mode, ahead, mlp, side in modes:
         monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_AHEAD_MB", ahead)
         monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_MLP_MB", mlp)
+        monkeypatch.setenv("STREAMSCRIBE_L2_PREFETCH_SIDE", side)
         eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=1, max_batch=1, cuda_graphs=cuda_graphs,
                                                             l2_prefetch=mode != "off"))
         on = mode != "off"
@@ -227,4 +247,4 @@ def test_gpu_engine_with_l2_prefetch_keeps_every_streams_tokens(tiny_ckpt, monke
         if on:
             assert eng.runner.lm_prefetcher.fetched_bytes > 0 and eng.runner.enc_prefetcher.fetched_bytes > 0
             assert eng.runner.enc_prefetcher.ahead_bytes == int(ahead) << 20
-    assert len(got["off"]) > 50 and got["attention"] == got["off"] and got["ahead"] == got["off"]
+    assert len(got["off"]) > 50 and got["attention"] == got["ahead"] == got["side"] == got["off"]

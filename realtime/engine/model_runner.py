@@ -14,13 +14,19 @@ import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from kernels.gather_add import gather_add_embeddings
-from kernels.l2_prefetch import L2Prefetcher, l2_prefetch_supported, prefetch_config_from_env, prefetch_switched_on
+from kernels.l2_prefetch import (
+    L2Prefetcher,
+    PrefetchConfig,
+    l2_prefetch_supported,
+    prefetch_config_from_env,
+    prefetch_switched_on,
+)
 from kernels.linear import INVARIANT_ROWS, MAX_INVARIANT_ROWS, MAX_ROWS
 
 from ..audio import LogMel
@@ -144,18 +150,17 @@ def _chain_switch(name: str) -> str:
     return chains
 
 
-def prefetch_config_for(chain: str) -> tuple[int, int, int, int] | None:
-    """`L2Prefetcher`'s (chunk, MLP, ahead) bytes and chunks a program for `chain` ("lm" or "encoder") from the
-    environment (`kernels.l2_prefetch.prefetch_config_from_env`), or None where the chain fetches nothing.
+def prefetch_config_for(chain: str) -> PrefetchConfig | None:
+    """The `PrefetchConfig` of `chain` ("lm" or "encoder") from the environment
+    (`kernels.l2_prefetch.prefetch_config_from_env`), or None where the chain fetches nothing.
     STREAMSCRIBE_L2_PREFETCH_CHAINS limits prefetching to one chain, STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS the
-    "ahead" mode (the other chain fetching at its attention); each lm, encoder or both, the default (A/B runs)."""
+    "ahead" policy (the other chain fetching at its attention); each lm, encoder or both, the default (A/B runs)."""
     config = prefetch_config_from_env()
     fetching, ahead_in = _chain_switch("STREAMSCRIBE_L2_PREFETCH_CHAINS"), _chain_switch(
         "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS")
     if fetching not in (chain, "both"):
         return None
-    chunk, mlp, ahead, per_program = config
-    return chunk, mlp, ahead if ahead_in in (chain, "both") else 0, per_program
+    return config if ahead_in in (chain, "both") else replace(config, ahead_bytes=0)
 
 
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
@@ -318,7 +323,7 @@ class ModelRunner:
         if not l2_prefetch_supported(self.device):
             logger.warning("L2 prefetch needs sm_90+ CUDA with Triton: off on %s", self.device)
             return None
-        return L2Prefetcher(self.device, *config)
+        return L2Prefetcher(self.device, config)
 
     def _wants_one_row_decode(self) -> bool:
         model, choice = self.model, self.opts.one_row_decode
