@@ -24,8 +24,7 @@ dependent launch: the code before the twenty-third session), `pdl` (PDL on the T
 twenty-fifth session), `one_row_fused_gate_up` (with the gate/up fused too, STREAMSCRIBE_ONE_ROW_GATE_UP=1),
 `encoder_sms_N` (the default kernels, the encoder confined to a green context of N SMs: STREAMSCRIBE_ENCODER_SMS),
 `priority_encoder` / `priority_lm` (the encoder's or the LM's graphs on the highest stream priority:
-STREAMSCRIBE_STREAM_PRIORITY), `l2_prefetch[_mlpN|_chunkN]` (each layer's o projection weights fetched into L2
-while its attention runs: STREAMSCRIBE_L2_PREFETCH).
+STREAMSCRIBE_STREAM_PRIORITY).
 
 Drives `ModelRunner` directly (graphs on) through `bench_engine.SyntheticStreams`, at a session age of
 one minute. DIR without a checkpoint gets the full-size random one (`gpu_model_parity.build_checkpoint`).
@@ -61,7 +60,6 @@ DOT_CONFIGS = os.environ.get("BENCH_ONE_ROW_DOT_CONFIGS", json.dumps(
     {"qkv": [16, 0, 4, 2, 1], "residual": [16, 0, 2, 3, 1], "gate_up": [16, 0, 4, 3, 1], "head": [32, 0, 4, 2, 1]}))
 VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py, kernels/_dispatch.py, model_runner)
     "default": {},
-    "default_again": {},  # the default in runners of its own: how much two runners of the same code differ
     "cublas": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "0", "STREAMSCRIBE_ONE_ROW": "0"},
     "pdl": {"STREAMSCRIBE_PDL": "1", "STREAMSCRIBE_SKINNY_ROWS": "0", "STREAMSCRIBE_ONE_ROW": "0"},
     "skinny": {"STREAMSCRIBE_PDL": "0", "STREAMSCRIBE_SKINNY_ROWS": "16", "STREAMSCRIBE_ONE_ROW": "0"},
@@ -99,28 +97,6 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "priority_lm": {"STREAMSCRIBE_STREAM_PRIORITY": "lm"},
     # the default kernels, the encoder's stream in a green context of N SMs (`RunnerOptions.encoder_sms`)
     **{f"encoder_sms_{n}": {"STREAMSCRIBE_ENCODER_SMS": str(n)} for n in (16, 32, 48, 64, 96)},
-    # while each layer's attention runs, a side stream brings the o projection's weights into L2
-    # (`kernels.l2_prefetch`, `RunnerOptions.l2_prefetch`); `_mlpN`: also the first N MB of the MLP's input projection
-    "l2_prefetch": {"STREAMSCRIBE_L2_PREFETCH": "1"},
-    **{f"l2_prefetch_mlp{n}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_MLP_MB": str(n)}
-       for n in (4, 8, 16)},
-    # the fetches from side streams (the fifty-fourth session's first form: an event at each fetch)
-    "l2_prefetch_side": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_SIDE": "1"},
-    "l2_ahead32_enc_side": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_AHEAD_MB": "32",
-                            "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS": "encoder", "STREAMSCRIBE_L2_PREFETCH_SIDE": "1"},
-    # only the LM's chain fetches, or only the encoder's (STREAMSCRIBE_L2_PREFETCH_CHAINS)
-    "l2_prefetch_lm": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_CHAINS": "lm"},
-    "l2_prefetch_enc": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_CHAINS": "encoder"},
-    # `_KxP`: chunks of K KB, P a program (`L2Prefetcher.chunk_bytes`, `per_program`; the default 64x32)
-    **{f"l2_prefetch_{k}x{p}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_CHUNK_KB": str(k),
-                                "STREAMSCRIBE_L2_PREFETCH_PER_PROGRAM": str(p)}
-       for k, p in ((16, 32), (64, 4), (64, 1), (256, 4), (256, 1), (1024, 1))},
-    # the "ahead" mode: each projection asks for the next one's weights (at most N MB); `_enc`: in the encoder's
-    # chain only (the LM's weights do not fit in L2 two at a time), the LM fetching at its attention as `l2_prefetch`
-    **{f"l2_ahead{n}": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_AHEAD_MB": str(n)}
-       for n in (8, 32)},
-    **{f"l2_ahead{n}_enc": {"STREAMSCRIBE_L2_PREFETCH": "1", "STREAMSCRIBE_L2_PREFETCH_AHEAD_MB": str(n),
-                            "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS": "encoder"} for n in (8, 32)},
 }
 
 MODES = {  # name: (the runner's encoder stream, encode ahead, the parts of a step run)

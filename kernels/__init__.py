@@ -15,9 +15,6 @@ macOS) the torch references still work.
   KV write, o + residual, norm + gate/up + SiLU·mul, down + residual, final norm + head): the engine's
   batch-1 LM step on CUDA (8 kernels a layer instead of 11: its gate/up stays unfused by default,
   STREAMSCRIBE_ONE_ROW_GATE_UP=1 fuses it; STREAMSCRIBE_ONE_ROW=0 turns the path off).
-- `l2_prefetch`: weights a batch-1 chain reads next (each layer's o projection), fetched into L2 from a side
-  stream while the layer's attention runs (sm_90's bulk prefetch; off unless STREAMSCRIBE_L2_PREFETCH=1 or
-  `RunnerOptions.l2_prefetch`).
 - `spec_round`: a speculative round's step metadata and its greedy acceptance, computed from one stream's state on
   the device, one launch each (the engine's chained rounds: no host round trip between rounds).
 

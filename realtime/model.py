@@ -57,33 +57,6 @@ def supports_fused_kv_write(backend: object) -> TypeIs[SupportsFusedKVWrite]:
     return getattr(type(backend), "supports_fused_kv_write", False) is True
 
 
-class SupportsL2Prefetch(AttentionBackend, Protocol):
-    """A backend that may bring the weights read right after its attention into the GPU's L2 cache while the
-    attention runs (`kernels.l2_prefetch`; a no-op where it has no prefetcher). Outputs never change."""
-
-    supports_l2_prefetch: ClassVar[Literal[True]] = True
-
-    def prefetch_during_attention(self, o_weight: torch.Tensor, mlp_weight: torch.Tensor | None) -> None:
-        """Called after the layer's q/k/v projection is queued and before its attention: `o_weight` is read
-        right after the attention, `mlp_weight` (the MLP's first projection) after that."""
-        ...
-
-    def prefetch_next(self, weight: torch.Tensor) -> None:
-        """Called right before a projection is queued, with the weight the chain's next projection reads."""
-        ...
-
-
-def supports_l2_prefetch(backend: object) -> TypeIs[SupportsL2Prefetch]:
-    """True only if the backend's class declares the capability (the flag is exactly True)."""
-    return getattr(type(backend), "supports_l2_prefetch", False) is True
-
-
-def _prefetch_next(backend: object, weight: torch.Tensor | None) -> None:
-    """`SupportsL2Prefetch.prefetch_next` where the backend has it and there is a next weight."""
-    if weight is not None and supports_l2_prefetch(backend):
-        backend.prefetch_next(weight)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -159,10 +132,8 @@ class Attention(nn.Module):
         self._qkv = (w, b)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend,
-                layer: int, mlp_weight: torch.Tensor | None = None) -> torch.Tensor:
-        """mlp_weight: the layer's MLP input projection, read after this (for `SupportsL2Prefetch`)."""
+                layer: int) -> torch.Tensor:
         b, t, _ = x.shape
-        _prefetch_next(backend, self.o_proj.weight)
         if self._qkv is not None and not torch.is_grad_enabled():  # training keeps separate leaves
             nq, nk = self.heads * self.head_dim, self.kv_heads * self.head_dim
             q, k, v = linear(x, *self._qkv, max_rows=self.linear_rows).split([nq, nk, nk], dim=-1)
@@ -172,10 +143,7 @@ class Attention(nn.Module):
         k = k.reshape(b, t, self.kv_heads, self.head_dim)
         v = v.reshape(b, t, self.kv_heads, self.head_dim)
         q, k = rope(q, k, cos, sin)
-        if supports_l2_prefetch(backend):
-            backend.prefetch_during_attention(self.o_proj.weight, mlp_weight)
         out = backend.attend(layer, q, k, v)
-        _prefetch_next(backend, mlp_weight)
         return linear(out.reshape(b, t, self.heads * self.head_dim), self.o_proj.weight, self.o_proj.bias,
                       max_rows=self.linear_rows)
 
@@ -195,31 +163,12 @@ class SwiGLU(nn.Module):
         self.gate_proj.weight.data, self.up_proj.weight.data = w[:n], w[n:]
         self._gate_up = w
 
-    def forward(self, x: torch.Tensor, backend: object = None, next_weight: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        """backend, next_weight: the layer's attention backend and the weight the chain reads after this MLP (for
-        `SupportsL2Prefetch.prefetch_next`; inference only)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._gate_up is not None and not torch.is_grad_enabled():
             rows = self.linear_rows
-            _prefetch_next(backend, self.down_proj.weight)
-            act = silu_mul(linear(x, self._gate_up, max_rows=rows))
-            _prefetch_next(backend, next_weight)
-            return linear(act, self.down_proj.weight, self.down_proj.bias, max_rows=rows)
+            return linear(silu_mul(linear(x, self._gate_up, max_rows=rows)), self.down_proj.weight,
+                          self.down_proj.bias, max_rows=rows)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-    def input_weight(self) -> torch.Tensor:
-        """The weight this MLP reads first: the fused [gate; up] matrix (inference), else gate's."""
-        return self._gate_up if self._gate_up is not None else self.gate_proj.weight
-
-
-def qkv_weight(attn: Attention) -> torch.Tensor:
-    """The weight an attention reads first: the fused [q; k; v] matrix (inference), else q's."""
-    return attn._qkv[0] if attn._qkv is not None else attn.q_proj.weight
-
-
-def next_layer_weight(layers: nn.ModuleList, i: int, after: torch.Tensor | None = None) -> torch.Tensor | None:
-    """The weight read first after layer i: layer i + 1's q/k/v matrix, or `after` after the last layer."""
-    return qkv_weight(layers[i + 1].self_attn) if i + 1 < len(layers) else after
 
 
 @contextmanager
@@ -305,14 +254,11 @@ class EncoderLayer(nn.Module):
         self.self_attn.linear_rows = self.mlp.linear_rows = INVARIANT_ROWS
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                backend: AttentionBackend, layer: int, next_weight: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mlp output, residual stream): the caller adds them (fused into the next norm). next_weight: what the
-        chain reads after this layer (`SupportsL2Prefetch`)."""
+                backend: AttentionBackend, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mlp output, residual stream): the caller adds them (fused into the next norm)."""
         h, residual = self.self_attn_layer_norm(x, residual)
-        h, residual = self.final_layer_norm(self.self_attn(h, cos, sin, backend, layer, self.mlp.input_weight()),
-                                            residual)
-        return self.mlp(h, backend, next_weight), residual
+        h, residual = self.final_layer_norm(self.self_attn(h, cos, sin, backend, layer), residual)
+        return self.mlp(h), residual
 
 
 class AudioEncoder(nn.Module):
@@ -329,7 +275,7 @@ class AudioEncoder(nn.Module):
         cos, sin = rope_cos_sin(positions, self.inv_freq, frames.dtype)
         x, residual = frames, None
         for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, cos, sin, backend, i, next_layer_weight(self.layers, i))
+            x, residual = layer(x, residual, cos, sin, backend, i)
         return self.norm(x, residual)[0]
 
 
@@ -392,14 +338,11 @@ class DecoderLayer(nn.Module):
         self.ada_rms_norm = DelayConditioning(c.hidden_size, c.ada_cond_dim)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                ada_scale: torch.Tensor, backend: AttentionBackend, layer: int,
-                next_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """ada_scale = 1 + ada_rms_norm(t_cond): the delay scale of this layer's MLP input. next_weight: what the
-        chain reads after this layer (`SupportsL2Prefetch`)."""
+                ada_scale: torch.Tensor, backend: AttentionBackend, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """ada_scale = 1 + ada_rms_norm(t_cond): the delay scale of this layer's MLP input."""
         h, residual = self.input_layernorm(x, residual)
-        attn = self.self_attn(h, cos, sin, backend, layer, self.mlp.input_weight())
-        h, residual = self.post_attention_layernorm(attn, residual, ada_scale)
-        return self.mlp(h, backend, next_weight), residual
+        h, residual = self.post_attention_layernorm(self.self_attn(h, cos, sin, backend, layer), residual, ada_scale)
+        return self.mlp(h), residual
 
 
 class LanguageModel(nn.Module):
@@ -424,17 +367,16 @@ class LanguageModel(nn.Module):
         scales = ada_scales if ada_scales is not None else self.ada_scales(t_cond)
         x, residual = inputs_embeds, None
         for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, cos, sin, scales[i], backend, i, next_layer_weight(self.layers, i))
+            x, residual = layer(x, residual, cos, sin, scales[i], backend, i)
         return self.norm(x, residual)[0]
 
     def forward_one_row(self, inputs_embeds: torch.Tensor, position: torch.Tensor, ada_scales: torch.Tensor,
-                        backend: SupportsFusedKVWrite, head_weight: torch.Tensor | None = None) -> torch.Tensor:
+                        backend: SupportsFusedKVWrite) -> torch.Tensor:
         """`forward` for ONE row through the fused one-row kernels (`kernels.one_row`, 8 kernels a layer; 6 with
         the gate/up fused too, `one_row.fused_gate_up`):
         inputs_embeds [H], position [1], ada_scales [L, H] -> the residual stream after the last layer [H]
         (the final norm is left to the head, `VoxtralRealtime.one_row_logits`). Needs the fused
-        projections of `VoxtralRealtime.fuse_projections`. head_weight: what the chain reads after the last layer
-        (`SupportsL2Prefetch`)."""
+        projections of `VoxtralRealtime.fuse_projections`."""
         if not supports_fused_kv_write(backend):
             raise TypeError(f"forward_one_row writes keys/values in the q/k/v projection: the attention backend "
                             f"{type(backend).__name__} does not declare supports_fused_kv_write")
@@ -447,21 +389,15 @@ class LanguageModel(nn.Module):
             if attn._qkv is None or mlp._gate_up is None:
                 raise RuntimeError("forward_one_row needs the fused projections (fuse_projections)")
             k_cache, v_cache, slot = backend.kv_destination(i)
-            _prefetch_next(backend, attn.o_proj.weight)
             q = one_row.norm_qkv_rope_kv(res, layer.input_layernorm.weight, c.rms_norm_eps, attn._qkv[0], cos, sin,
                                          k_cache, v_cache, slot, c.num_heads, c.num_kv_heads)
-            if supports_l2_prefetch(backend):
-                backend.prefetch_during_attention(attn.o_proj.weight, mlp.input_weight())
             out = backend.attend_cached(i, q[None, None])
-            _prefetch_next(backend, mlp.input_weight())
             res = one_row.linear_residual(out.reshape(-1), attn.o_proj.weight, res)
-            _prefetch_next(backend, mlp.down_proj.weight)
             if one_row.fused_gate_up():
                 act = one_row.norm_gate_up_silu(res, layer.post_attention_layernorm.weight, c.rms_norm_eps,
                                                 ada_scales[i], mlp._gate_up)
             else:  # the unfused layer's three kernels (norm, projection, SiLU·mul): same rounding
                 act = silu_mul(linear(layer.post_attention_layernorm(res, None, ada_scales[i])[0], mlp._gate_up))
-            _prefetch_next(backend, next_layer_weight(self.layers, i, head_weight))
             res = one_row.linear_residual(act, mlp.down_proj.weight, res)
         return res
 
@@ -576,7 +512,7 @@ class VoxtralRealtime(nn.Module):
         logits [V]. ada_scales: [L, H], the row's delay scales (`ada_table[:, delay]`). On the CPU
         (references) equal to the unfused path bit for bit; on the GPU to the dtype's rounding."""
         lm = self.language_model
-        res = lm.forward_one_row(inputs_embeds, position, ada_scales, backend, self.head_weight())
+        res = lm.forward_one_row(inputs_embeds, position, ada_scales, backend)
         return one_row.norm_linear(res, lm.norm.weight, lm.norm.eps, self.head_weight())
 
     # -- whole-sequence forward (training, teacher forcing, parity checks) ---------------------

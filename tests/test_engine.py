@@ -42,17 +42,6 @@ def drive(engine: BatchedEngine, max_steps: int = 100_000) -> None:
     raise AssertionError("engine did not go idle")
 
 
-def transcribe_clips(engine: BatchedEngine, clips: list[np.ndarray]) -> list[list[int]]:
-    """Open one stream per clip, push each clip whole, finish, drive the engine idle: each stream's tokens."""
-    rec = Recorder()
-    sids = [engine.open_stream(rec) for _ in clips]
-    for sid, clip in zip(sids, clips):
-        engine.push_audio(sid, clip)
-        engine.finish_stream(sid)
-    drive(engine)
-    return [rec.tokens(sid) for sid in sids]
-
-
 def run_join_leave_scenario(model, tok, opts: RunnerOptions, n: int = 16, seed: int = 0) -> None:
     """n streams with random lengths/delays join at random steps, push random chunk sizes, finish
     and leave; every stream's tokens must equal the single-stream session's."""
@@ -324,7 +313,13 @@ def test_one_row_decode_in_bf16_graphs_equal_eager(tiny_ckpt, monkeypatch):
     for graphs in (True, False):
         eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=2, max_batch=1, cuda_graphs=graphs))
         assert eng.runner.one_row_decode
-        tokens[graphs] = transcribe_clips(eng, clips)
+        rec = Recorder()
+        sids = [eng.open_stream(rec) for _ in clips]
+        for sid, clip in zip(sids, clips):
+            eng.push_audio(sid, clip)
+            eng.finish_stream(sid)
+        drive(eng)
+        tokens[graphs] = [rec.tokens(sid) for sid in sids]
     assert tokens[True] == tokens[False] and all(len(t) > 20 for t in tokens[True])
 
 

@@ -11,7 +11,6 @@ from typing import ClassVar, Literal
 
 import torch
 
-from kernels.l2_prefetch import L2Prefetcher
 from kernels.paged_attention import RunsPlan, paged_attention, write_kv
 
 from .kv_cache import PagedKVCache
@@ -20,21 +19,17 @@ from .kv_cache import PagedKVCache
 class PagedAttention:
     # the one-row decode's q/k/v projection writes the keys and values itself (`realtime.model.SupportsFusedKVWrite`)
     supports_fused_kv_write: ClassVar[Literal[True]] = True
-    # the layer's next weights may be fetched into L2 while its attention runs (`realtime.model.SupportsL2Prefetch`)
-    supports_l2_prefetch: ClassVar[Literal[True]] = True
 
     def __init__(self, cache: PagedKVCache, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                  seq_ids: torch.Tensor, q_pos: torch.Tensor, tokens_per_run: int = 1,
                  tree_root: torch.Tensor | None = None, tree_slots: torch.Tensor | None = None,
-                 num_splits: int | None = None, prefetcher: L2Prefetcher | None = None) -> None:
+                 num_splits: int | None = None) -> None:
         """tokens_per_run: the queries come in runs of this many rows of one stream (encoder: the 4
         frames of an audio token), which lets the kernel read each key block once per run.
         tree_root/tree_slots: draft-tree rows read their ancestors' keys from listed slots
         (`kernels.paged_attention`; speculation's tree verification).
         num_splits: the kernel's key splits (None: its own choice from the shapes; the encoder passes
-        `kernels.paged_attention.splits_for_streams`, so that a stream's result does not depend on its chunk).
-        prefetcher: the chain's L2 prefetcher (None: `prefetch_during_attention` does nothing); the caller joins it
-        before its step ends."""
+        `kernels.paged_attention.splits_for_streams`, so that a stream's result does not depend on its chunk)."""
         self.tree_root, self.tree_slots = tree_root, tree_slots
         self.cache = cache
         self.slot_mapping, self.block_tables, self.seq_ids, self.q_pos = slot_mapping, block_tables, seq_ids, q_pos
@@ -43,21 +38,6 @@ class PagedAttention:
         self.window = cache.spec.window
         self.scale = cache.spec.head_dim ** -0.5
         self.plan = RunsPlan()  # the CPU path's index work: made by the first layer, reused by the others
-        self.prefetcher = prefetcher
-
-    def prefetch_during_attention(self, o_weight: torch.Tensor, mlp_weight: torch.Tensor | None) -> None:
-        p = self.prefetcher
-        if p is None:
-            return
-        if not p.ahead_bytes:  # (ahead: o's weights were asked for before the q/k/v projection)
-            p.fetch(o_weight)
-        if p.mlp_bytes and mlp_weight is not None:
-            p.fetch(mlp_weight, p.mlp_bytes)
-
-    def prefetch_next(self, weight: torch.Tensor) -> None:
-        p = self.prefetcher
-        if p is not None and p.ahead_bytes:
-            p.fetch(weight, p.ahead_bytes)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # [1, T, H, D]: the batch is flattened into one row of tokens

@@ -160,12 +160,10 @@ class LookaheadEncoder:
         spec = r.enc_cache.spec
         splits = splits_for_streams(b, spec.kv_heads, spec.window, self.fpt, r.device)
         backend = PagedAttention(r.enc_cache, m["slot_mapping"][:rows], m["tables"], self.seq[n][:rows], pos,
-                                 tokens_per_run=self.fpt, num_splits=splits, prefetcher=r.enc_prefetcher)
+                                 tokens_per_run=self.fpt, num_splits=splits)
         hidden = r.model.audio_tower(frames.reshape(1, rows, -1), pos[None], backend)
         # the adapter stacks 4 consecutive frames: each stream's 4n frames are contiguous and aligned
         r.audio_cache.index_copy_(0, m["rows"][: b * n], r.model.multi_modal_projector(hidden)[0])
-        if r.enc_prefetcher is not None:
-            r.enc_prefetcher.join()
 
     @torch.no_grad()
     def encode(self, work: list[tuple[EngineStream, int]], ahead: bool = False) -> None:

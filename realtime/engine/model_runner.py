@@ -14,19 +14,12 @@ import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from kernels.gather_add import gather_add_embeddings
-from kernels.l2_prefetch import (
-    L2Prefetcher,
-    PrefetchConfig,
-    l2_prefetch_supported,
-    prefetch_config_from_env,
-    prefetch_switched_on,
-)
 from kernels.linear import INVARIANT_ROWS, MAX_INVARIANT_ROWS, MAX_ROWS
 
 from ..audio import LogMel
@@ -100,10 +93,6 @@ class RunnerOptions:
     # kernel (up to 16 rows: a plain step of up to 4 streams, 2 in the conv stem). STREAMSCRIBE_ENCODER_ROWS sets it
     # where it is None (A/B runs)
     encoder_rows: int | None = None
-    # CUDA sm_90+: while each layer's attention runs, a side stream brings the weights read next (the o projection's,
-    # `kernels.l2_prefetch`) into L2, one prefetcher for the LM's chain and one for the encoder's. Outputs do not
-    # change. None: STREAMSCRIBE_L2_PREFETCH=1 turns it on (read when a runner is made); False: never
-    l2_prefetch: bool | None = None
 
 
 def one_row_by_default(device: torch.device, dtype: torch.dtype) -> bool:
@@ -140,27 +129,6 @@ def encoder_rows_for(opts: RunnerOptions) -> int:
     if isinstance(rows, bool) or not isinstance(rows, int) or not MAX_ROWS <= rows <= MAX_INVARIANT_ROWS:
         raise ValueError(f"{source} must be an integer in {MAX_ROWS}..{MAX_INVARIANT_ROWS}, got {rows!r}")
     return rows
-
-
-def _chain_switch(name: str) -> str:
-    """The environment switch `name`: lm, encoder or both (the default)."""
-    chains = os.environ.get(name, "both")
-    if chains not in ("lm", "encoder", "both"):
-        raise ValueError(f"{name} must be lm, encoder or both, got {chains!r}")
-    return chains
-
-
-def prefetch_config_for(chain: str) -> PrefetchConfig | None:
-    """The `PrefetchConfig` of `chain` ("lm" or "encoder") from the environment
-    (`kernels.l2_prefetch.prefetch_config_from_env`), or None where the chain fetches nothing.
-    STREAMSCRIBE_L2_PREFETCH_CHAINS limits prefetching to one chain, STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS the
-    "ahead" policy (the other chain fetching at its attention); each lm, encoder or both, the default (A/B runs)."""
-    config = prefetch_config_from_env()
-    fetching, ahead_in = _chain_switch("STREAMSCRIBE_L2_PREFETCH_CHAINS"), _chain_switch(
-        "STREAMSCRIBE_L2_PREFETCH_AHEAD_CHAINS")
-    if fetching not in (chain, "both"):
-        return None
-    return config if ahead_in in (chain, "both") else replace(config, ahead_bytes=0)
 
 
 def kv_bytes_per_stream(model: VoxtralRealtime, opts: RunnerOptions) -> tuple[int, int]:
@@ -266,8 +234,6 @@ class ModelRunner:
         self._enc_pending = False  # an ahead encoder call the main stream has not waited for yet
         self._enc_waits_main = False  # main-stream writes (admission) the encoder stream must wait for
         self.one_row_decode = self._wants_one_row_decode()
-        self.lm_prefetcher = self._prefetcher("lm")
-        self.enc_prefetcher = self._prefetcher("encoder")
         self.seq_ids = torch.arange(b, dtype=i32, device=dev)
         self.next_ids = torch.zeros(b, dtype=i64, device=dev)
         # the encoder step (one audio token per stream; several when speculation looks ahead)
@@ -310,20 +276,6 @@ class ModelRunner:
         if isinstance(s, torch.cuda.Stream):
             return s
         return torch.cuda.Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
-
-    def _prefetcher(self, chain: str) -> L2Prefetcher | None:
-        """The L2 prefetcher of `chain` ("lm" or "encoder"; `RunnerOptions.l2_prefetch`; its sizes
-        `prefetch_config_for(chain)`), or None."""
-        choice = self.opts.l2_prefetch
-        if choice is False or (choice is None and not prefetch_switched_on()):
-            return None
-        config = prefetch_config_for(chain)  # a bad switch is refused on every device
-        if config is None:
-            return None
-        if not l2_prefetch_supported(self.device):
-            logger.warning("L2 prefetch needs sm_90+ CUDA with Triton: off on %s", self.device)
-            return None
-        return L2Prefetcher(self.device, config)
 
     def _wants_one_row_decode(self) -> bool:
         model, choice = self.model, self.opts.one_row_decode
@@ -421,18 +373,16 @@ class ModelRunner:
         """The LM step over the first `b` rows of the persistent buffers (graph-capturable)."""
         m = self.meta.dev
         backend = PagedAttention(self.lm_cache, m["slot_mapping"][:b], m["block_tables"][:b], self.seq_ids[:b],
-                                 m["positions"][:b], prefetcher=self.lm_prefetcher)
+                                 m["positions"][:b])
         ada = self.model.ada_scales_for(m["delays"][:b])
         if b == 1 and self.one_row_decode and ada is not None:
             logits = self.model.one_row_logits(self.inputs_embeds[0], m["positions"][:1], ada.reshape(ada.shape[0], -1),
                                                backend)
             self.next_ids[:1] = logits.argmax(-1)
-        else:
-            t_cond = None if ada is not None else self.model.t_cond(m["delays"][:b])[None]
-            hidden = self.model.decode(self.inputs_embeds[None, :b], m["positions"][None, :b], t_cond, backend, ada)
-            self.next_ids[:b] = self.model.logits(hidden[0]).argmax(-1)
-        if self.lm_prefetcher is not None:
-            self.lm_prefetcher.join()
+            return
+        t_cond = None if ada is not None else self.model.t_cond(m["delays"][:b])[None]
+        hidden = self.model.decode(self.inputs_embeds[None, :b], m["positions"][None, :b], t_cond, backend, ada)
+        self.next_ids[:b] = self.model.logits(hidden[0]).argmax(-1)
 
     @torch.no_grad()
     def decode_step(self, streams: list[EngineStream]) -> torch.Tensor:
