@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from realtime.train.evaluate import evaluate
-from realtime.train.presynth import SUFFIX, _meta, pack_shard, unpack_shard
+from realtime.train.presynth import SUFFIX, pack_shard, read_packed_meta, unpack_shard
 from realtime.train.synth import Task, synthesize
 from realtime.train.text_corpus import read_corpus
 from realtime.train.voices import catalogue
@@ -55,8 +55,7 @@ def carried_utterances(folder: Path, keys: list[str], out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     found: list[str] = []
     for path in sorted(folder.glob("*" + SUFFIX)):
-        with np.load(path) as z:
-            meta = _meta(z)
+        meta = read_packed_meta(path)
         if meta["voice"] in keys and meta["voice"] not in found and meta["split"] == "train":
             unpack_shard(path, out, name=f"heldout-{len(found):02d}", split="heldout")
             found.append(meta["voice"])

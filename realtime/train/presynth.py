@@ -105,6 +105,12 @@ def _audio(z: np.lib.npyio.NpzFile, src: Path) -> np.ndarray:
     return audio
 
 
+def read_packed_meta(src: Path) -> dict:
+    """A packed shard's voice, speaker, split and texts, without decoding its audio."""
+    with np.load(src) as z:
+        return _meta(z)
+
+
 def read_packed_audio(src: Path) -> tuple[np.ndarray, dict]:
     """A packed shard's audio as float32 in [-1, 1) at `RATE`, and its voice, speaker, split and texts: its
     utterances back to back, one voice (what `speculative.train` distils a drafter on)."""
@@ -226,8 +232,7 @@ def pack(args: argparse.Namespace) -> int:
 
 
 def _voice_of(path: Path) -> str:
-    with np.load(path) as z:
-        return _meta(z)["voice"]
+    return read_packed_meta(path)["voice"]
 
 
 def merge(dst: Path, parts: list[tuple[str, Path]], max_bytes: int | None = None, trim: str | None = None,
