@@ -167,6 +167,33 @@ def test_wer_scoring_groups() -> None:
     assert result["heldout"]["*"]["480"]["n"] == 2
 
 
+def test_the_default_delay_is_also_scored_on_the_utterances_the_other_delays_decode(monkeypatch, tmp_path) -> None:
+    """The other delays decode only the first `sweep_per_voice` utterances of a voice; their 480 ms figure
+    (`sweep_480`) is the one to compare them with, not 480 ms over the whole draw (fifty-fifth session: the
+    first 12 utterances of the held-out voices read 10 points worse than all 40)."""
+    from realtime.train import evaluate as ev
+    from realtime.train.synth import Shard, Utterance
+
+    a = np.zeros(1600, np.float32)
+    texts = ["one hard sentence", "an easy one", "another easy one"]
+    Shard("v1", "v1", "heldout", [Utterance(t, a, []) for t in texts]).save(tmp_path / "heldout-00.npz")
+    items = ev.build_items(tmp_path, delays=[480, 960], per_voice=3, sweep_per_voice=1, real_dir=None)
+    assert [(i.delay_ms, i.ref, i.swept) for i in items] == [
+        (480, texts[0], True), (960, texts[0], True), (480, texts[1], False), (480, texts[2], False)]
+    heard = {("one hard sentence", 480): " one card sentence", ("one hard sentence", 960): " one card sentence"}
+    monkeypatch.setattr(ev, "decode_items", lambda _m, its, **_k: {
+        n: heard.get((it.ref, it.delay_ms), " " + it.ref) for n, it in enumerate(its)})
+    result = ev.decode_and_score(tmp_path, items, workers=1)
+    assert result["heldout"]["v1"]["480"] == {"wer": 11.11, "n": 3}  # 1 of 9 words
+    assert result["heldout"]["v1"]["960"] == {"wer": 33.33, "n": 1}
+    assert result["sweep_480"]["heldout"]["v1"]["480"] == {"wer": 33.33, "n": 1}  # the same utterance as 960 ms
+    line = next(x for x in ev.summary_lines(result) if x.startswith("heldout  v1"))
+    assert "480 ms 11.1% (n=3), 960 ms 33.3% (n=1); 480 ms on the other delays' utterances 33.3% (n=1)" in line
+    # without other delays there is nothing to set beside, and no extra figure
+    only = ev.decode_and_score(tmp_path, [i for i in items if i.delay_ms == 480], workers=1)
+    assert "sweep_480" not in only
+
+
 def test_to_16k_keeps_duration_and_pitch() -> None:
     """The engines' shared resampler: 22,050 and 48,000 Hz tones come out at 16 kHz with the same duration and
     frequency; 16 kHz input passes through unchanged."""
