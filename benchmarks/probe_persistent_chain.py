@@ -6,22 +6,23 @@ do not explain (docs/benchmarks.md, issue 3: the kernel inventory, split-K, one-
 remaining route is a persistent kernel that keeps every SM streaming weights across projections, with grid-wide
 barriers where a projection needs the whole output of the one before.
 
-This probe measures that route's two unknowns on the LM's batch-1 shapes (full-size model, bf16 weights), with a
-chain of L layers of four matrix-vector products each: qkv (6144 x 3072), o (3072 x 4096, reading the first 4096
-outputs of qkv as a stand-in for attention), gate/up (18432 x 3072), down (3072 x 9216, reading silu(gate) * up):
-- `separate`: the engine's kernels as they run at batch 1 (`kernels.linear.linear` per product, PDL on, and
-  torch's silu * mul), replayed from a CUDA graph;
-- `persistent`: one Triton kernel, one program per SM, which walks the chain: each product's work items (a block
-  of output rows times a range of K) are spread over the programs, partial sums are added with fp32 atomics, and
-  a grid-wide barrier (an atomic counter; release on arrive, acquire on wait) separates the products. The spin
-  is bounded: a program that waits too long raises a flag and the run reports it, so a grid that is not
+This probe measures that route on a skeleton of the batch-1 step (full-size shapes, bf16 weights): L layers of
+four matrix-vector products, qkv, o (reading the first `attn` outputs of qkv as a stand-in for attention), gate/up,
+and down (reading silu(gate) * up, added to the residual stream); attention, norms, RoPE and the LM head are left
+out. The LM's shapes are 6144 x 3072, 3072 x 4096, 18432 x 3072 and 3072 x 9216; the encoder's are `ENCODER`'s.
+- `separate`: the engine's kernels as they run at batch 1 (`kernels.linear.linear` per product, PDL on, torch's
+  silu * mul, and the one-row `linear_residual` for down), replayed from a CUDA graph;
+- `persistent`: one Triton kernel, one or more programs per SM, which walks the chain: each product's work items
+  (a block of output rows times a range of K) are spread over the programs, partial sums are added with fp32
+  atomics, and a grid-wide barrier (an atomic counter; release on arrive, acquire on wait) separates the products.
+  The spin is bounded: a program that waits too long raises a flag and the run reports it, so a grid that is not
   co-resident fails instead of hanging.
 
 Both are checked against torch (fp32 from the same bf16 weights) and timed with CUDA events (median of
 repeats); the byte floor is the weights' bytes at the measured copy bandwidth. Results go to --out as JSON.
 `--overlap` runs what B1 runs: the LM's 26 layers (engine kernels) with the encoder's 32 beside them on a second
-stream, the encoder as the engine's kernels or as the persistent kernel on a few programs, so that its bytes
-might stream in the DRAM time the LM's chain leaves idle.
+stream, as the engine's kernels, or with either chain as the persistent kernel (`--encoder-programs`,
+`--lm-programs`), so that its bytes might stream in the DRAM time the other chain leaves idle.
 
     python benchmarks/probe_persistent_chain.py --layers 4 --out F.json     (CUDA only)
     python benchmarks/probe_persistent_chain.py --overlap --out F.json
@@ -45,7 +46,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 logger = logging.getLogger("probe_persistent_chain")
-
 
 
 @dataclass(frozen=True)
