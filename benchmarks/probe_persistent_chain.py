@@ -248,6 +248,8 @@ def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def time_ms(fn, repeats: int, inner: int = 20) -> float:
+    """Median over `repeats` of the mean of `inner` runs back to back. Not `bench_kernels.bench_ms`
+    (triton.testing.do_bench), which empties L2 before each run: `time_pair_ms` cannot, so both measure alike."""
     times = []
     for _ in range(repeats):
         s, e = torch.cuda.Event(True), torch.cuda.Event(True)
@@ -292,13 +294,10 @@ def chain_sweep(args: argparse.Namespace, d: Dims, sms: int, floor_of, report: d
     floor = floor_of(w)
     report.update({"dims": vars(d), "floor_ms": floor})
 
-    def rel_err(y: torch.Tensor) -> float:
-        return rel_error(y, ref)
-
     replay, out = separate_chain(w, a0, d)
     replay()
     torch.cuda.synchronize()
-    err = rel_err(out[0].view(-1))
+    err = rel_error(out[0].view(-1), ref)
     ms = time_ms(replay, args.repeats)
     report["runs"].append({"variant": "separate", "ms": ms, "ratio": ms / floor, "rel_err": err})
     logger.info("separate (engine kernels, graph): %.3f ms = %.3fx floor, rel err %.2e", ms, ms / floor, err)
@@ -315,7 +314,7 @@ def chain_sweep(args: argparse.Namespace, d: Dims, sms: int, floor_of, report: d
                 report["runs"].append(entry)
                 logger.info("persistent %s x%d: %s", cfg, per_sm, entry["error"])
                 continue
-            entry["rel_err"] = rel_err(st["a"])
+            entry["rel_err"] = rel_error(st["a"], ref)
             if int(st["flag"].item()):
                 entry["error"] = "a barrier wait gave up (programs not co-resident?)"
             else:
@@ -327,45 +326,44 @@ def chain_sweep(args: argparse.Namespace, d: Dims, sms: int, floor_of, report: d
             Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 
 
+def persistent_rows(label: str, w: dict[str, torch.Tensor], a0: torch.Tensor, d: Dims, programs: int,
+                    config: tuple[int, ...], repeats: int, beside) -> list[tuple[str, float]]:
+    """`label`'s chain as the persistent kernel: checked against torch, then timed alone and with `beside(run)` (the
+    other chain's engine kernels on the other stream). A wrong result or a barrier that gave up, before or during
+    the timed runs, leaves one failed row instead."""
+    run, st = persistent_chain(w, a0, d, programs, *config)
+    run()
+    torch.cuda.synchronize()
+    err = rel_error(st["a"], reference(w, a0, d))
+
+    def ok() -> bool:
+        return not int(st["flag"].item()) and err <= 1e-3
+
+    rows = [(f"{label} alone, persistent x{programs} (rel err {err:.1e})", time_ms(run, repeats)),
+            (f"both, {label} persistent x{programs}", beside(run))] if ok() else []
+    failed = [(f"{label} persistent x{programs}: failed (flag {int(st['flag'].item())}, err {err:.1e})", float("nan"))]
+    return rows if ok() else failed
+
+
 def overlap(args: argparse.Namespace, sms: int, floor_of, report: dict) -> None:
     """The LM's chain (engine kernels, graph) with the encoder's beside it on a second stream, as the engine runs
     batch 1: the encoder as the engine's kernels, or as a persistent kernel on a few programs."""
     w_lm, w_enc = make_weights(LM, "cuda", seed=0), make_weights(ENCODER, "cuda", seed=1)
     a_lm = torch.randn(LM.hidden, generator=torch.Generator().manual_seed(1)).to("cuda")
     a_enc = torch.randn(ENCODER.hidden, generator=torch.Generator().manual_seed(2)).to("cuda")
-    ref_enc = reference(w_enc, a_enc, ENCODER)
     floor_lm, floor_enc = floor_of(w_lm), floor_of(w_enc)
     report.update({"floor_lm_ms": floor_lm, "floor_enc_ms": floor_enc, "floor_ms": floor_lm + floor_enc})
     lm, _ = separate_chain(w_lm, a_lm, LM)
     enc, _ = separate_chain(w_enc, a_enc, ENCODER)
     rows = [("lm alone", time_ms(lm, args.repeats)), ("encoder alone (engine kernels)", time_ms(enc, args.repeats)),
             ("both (engine kernels)", time_pair_ms(lm, enc, args.repeats))]
-    for programs in args.encoder_programs:
-        bn, bk, warps, stages = (int(v) for v in args.encoder_config.split(":"))
-        run, st = persistent_chain(w_enc, a_enc, ENCODER, programs, bn, bk, warps, stages)
-        run()
-        torch.cuda.synchronize()
-        err = rel_error(st["a"], ref_enc)
-        if int(st["flag"].item()) or err > 1e-3:
-            rows.append((f"encoder persistent x{programs}: failed (flag {int(st['flag'].item())}, err {err:.1e})",
-                         float("nan")))
-            continue
-        rows.append((f"encoder alone, persistent x{programs}", time_ms(run, args.repeats)))
-        rows.append((f"both, encoder persistent x{programs}", time_pair_ms(lm, run, args.repeats)))
-        if int(st["flag"].item()):
-            rows[-1] = (rows[-1][0] + " (a barrier gave up)", float("nan"))
+    cfg_enc, cfg_lm = (tuple(int(v) for v in c.split(":")) for c in (args.encoder_config, args.lm_config))
+    for programs in args.encoder_programs:  # the encoder as one persistent kernel beside the LM's engine kernels
+        rows += persistent_rows("encoder", w_enc, a_enc, ENCODER, programs, cfg_enc, args.repeats,
+                                lambda run: time_pair_ms(lm, run, args.repeats))
     for programs in args.lm_programs:  # the LM as one persistent kernel, the encoder's engine kernels beside it
-        bn, bk, warps, stages = (int(v) for v in args.lm_config.split(":"))
-        run, st = persistent_chain(w_lm, a_lm, LM, programs, bn, bk, warps, stages)
-        run()
-        torch.cuda.synchronize()
-        ref_lm = reference(w_lm, a_lm, LM)
-        err = rel_error(st["a"], ref_lm)
-        rows.append((f"lm alone, persistent x{programs} (rel err {err:.1e})", time_ms(run, args.repeats)))
-        rows.append((f"both, lm persistent x{programs}", time_pair_ms(run, enc, args.repeats)))
-        if int(st["flag"].item()) or err > 1e-3:
-            rows[-2:] = [(f"lm persistent x{programs}: failed (flag {int(st['flag'].item())}, err {err:.1e})",
-                          float("nan"))]
+        rows += persistent_rows("lm", w_lm, a_lm, LM, programs, cfg_lm, args.repeats,
+                                lambda run: time_pair_ms(run, enc, args.repeats))
     floor = floor_lm + floor_enc
     for name, ms in rows:
         report["runs"].append({"variant": name, "ms": ms, "ratio_to_both_floors": ms / floor})
