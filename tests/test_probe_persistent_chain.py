@@ -1,7 +1,8 @@
 """The persistent-kernel probe's chain (`benchmarks/probe_persistent_chain.py`, issue 3) computes what torch does,
 under the Triton interpreter: small shapes that are not block multiples, several layers, K split into ranges, one
 program (the interpreter runs programs one after another, so a barrier across several would never open; the GPU
-run checks every grid against the same reference). A wrong product is caught, and a reference that vanishes is
+run checks every grid against the same reference), with and without each product's first weight tile requested
+before its barrier. A wrong product is caught, and a reference that vanishes is
 refused rather than passed."""
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ def _interpreter_main() -> None:
     ref = p.reference(w, a0, dims)
 
     def chain_matches_torch() -> None:
-        for block_n, block_k in ((8, 32), (16, 64), (32, 16)):
-            run, st = p.persistent_chain(w, a0, dims, 1, block_n, block_k, 4, 1)
+        for block_n, block_k, prefetch in ((8, 32, False), (16, 64, False), (32, 16, False), (8, 32, True),
+                                           (32, 16, True)):
+            run, st = p.persistent_chain(w, a0, dims, 1, block_n, block_k, 4, 1, prefetch=prefetch)
             run()
             run()  # again: the buffers it clears for itself must leave a second run the same
             assert int(st["flag"]) == 0 and int(st["counter"]) == 4 * dims.layers
-            assert p.rel_error(st["a"], ref) < 1e-5, (block_n, block_k)
+            assert p.rel_error(st["a"], ref) < 1e-5, (block_n, block_k, prefetch)
 
     def k_ranges_add_up() -> None:
         st = {"a": a0.clone(), "q": torch.zeros(dims.qkv), "o": torch.zeros(dims.hidden),
@@ -41,7 +43,7 @@ def _interpreter_main() -> None:
         p.persistent_chain_kernel[(1,)](
             st["a"], st["q"], st["o"], st["h"], w["qkv"], w["o"], w["gu"], w["d"], st["counter"], st["flag"],
             dims.layers, HID=dims.hidden, NQKV=dims.qkv, NATTN=dims.attn, NINTER=dims.inter, KS_QKV=3, KS_O=2,
-            KS_GU=4, KS_D=3, BLOCK_N=16, BLOCK_K=16)
+            KS_GU=4, KS_D=3, BLOCK_N=16, BLOCK_K=16, PREFETCH=True)
         assert p.rel_error(st["a"], ref) < 1e-5
 
     def a_wrong_product_is_caught() -> None:
