@@ -86,6 +86,8 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "no_split_k": {"STREAMSCRIBE_SPLIT_K": "0"},
     "attn_min_keys_128": {"STREAMSCRIBE_ATTN_MIN_KEYS": "128"},
     "before_s27": {"STREAMSCRIBE_SPLIT_K": "0", "STREAMSCRIBE_ATTN_MIN_KEYS": "128"},
+    # the attention's split cap (64: the LM's split count at batch 1, where a 1-minute session fills only 12)
+    **{f"attn_max_splits_{n}": {"STREAMSCRIBE_ATTN_MAX_SPLITS": str(n)} for n in (16, 32)},
     # the attention reads its metadata before the PDL wait and requests keys and values together (prepared in the
     # twenty-seventh session, opt-in until timed)
     "attn_early": {"STREAMSCRIBE_ATTN_EARLY": "1"},  # the default since the twenty-eighth session

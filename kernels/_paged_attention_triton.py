@@ -268,15 +268,23 @@ def min_keys_per_split() -> int:
     return env_int("STREAMSCRIBE_ATTN_MIN_KEYS", MIN_KEYS_PER_SPLIT, 1, 1 << 30, "a positive number of keys")
 
 
+def max_splits() -> int:
+    """MAX_SPLITS, or STREAMSCRIBE_ATTN_MAX_SPLITS (1..1024; benchmarks try others: at batch 1 the LM's split count
+    is this cap, and at a session age of 1 minute only 12 of its 64 splits have keys; read at launch, so at graph
+    capture)."""
+    return env_int("STREAMSCRIBE_ATTN_MAX_SPLITS", MAX_SPLITS, 1, 1024, "a number of splits in 1..1024")
+
+
 def choose_num_splits(num_runs: int, kv_heads: int, max_keys: int | None, device: torch.device) -> int:
     """Splits per (run, kv head) so that about PROGRAMS_PER_SM programs per SM exist, each with
-    at least MIN_KEYS_PER_SPLIT keys. Depends only on shapes (fixed for a captured graph)."""
+    at least MIN_KEYS_PER_SPLIT keys, at most `max_splits()`. Depends only on shapes (fixed for a captured graph)."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     want = triton.cdiv(PROGRAMS_PER_SM * sms, max(1, num_runs * kv_heads))
-    by_work = MAX_SPLITS if max_keys is None else triton.cdiv(max_keys, min_keys_per_split())
-    return max(1, min(want, by_work, MAX_SPLITS))
+    cap = max_splits()
+    by_work = cap if max_keys is None else triton.cdiv(max_keys, min_keys_per_split())
+    return max(1, min(want, by_work, cap))
 
 
 def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -823,6 +823,29 @@ def test_attention_min_keys_per_split_switch(monkeypatch) -> None:
             pat.min_keys_per_split()
 
 
+def test_attention_split_cap_switch(monkeypatch) -> None:
+    """STREAMSCRIBE_ATTN_MAX_SPLITS caps the split count (the LM's at batch 1 is the cap itself), and only caps it."""
+    pytest.importorskip("triton")
+    from types import SimpleNamespace
+
+    from kernels import _paged_attention_triton as pat
+
+    monkeypatch.setattr(pat.torch.cuda, "get_device_properties", lambda _: SimpleNamespace(multi_processor_count=132))
+    cuda = torch.device("cuda")
+    monkeypatch.delenv("STREAMSCRIBE_ATTN_MAX_SPLITS", raising=False)
+    assert pat.max_splits() == pat.MAX_SPLITS == 64
+    assert pat.choose_num_splits(1, 8, 8192, cuda) == 64  # LM, batch 1: 66 wanted, 128 by work
+    assert pat.choose_num_splits(1, 32, 753, cuda) == 12  # encoder, batch 1: by work
+    monkeypatch.setenv("STREAMSCRIBE_ATTN_MAX_SPLITS", "16")
+    assert pat.choose_num_splits(1, 8, 8192, cuda) == 16
+    assert pat.choose_num_splits(1, 32, 753, cuda) == 12  # under the cap: unchanged
+    assert pat.choose_num_splits(64, 8, 8192, cuda) == 2  # larger batches: bounded by programs per SM
+    assert pat.choose_num_splits(1, 8, 8192, torch.device("cpu")) == 1
+    for bad in ("0", "1025", "many"):
+        monkeypatch.setenv("STREAMSCRIBE_ATTN_MAX_SPLITS", bad)
+        with pytest.raises(ValueError, match="STREAMSCRIBE_ATTN_MAX_SPLITS must be a number of splits"):
+            pat.max_splits()
+
 @pytest.mark.gpu
 def test_gpu_write_kv_matches_reference() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
