@@ -124,8 +124,9 @@ def _x_tile(x_ptr, rk, K, ACT: tl.constexpr):
 @triton.jit
 def _matvec_phase(w_ptr, x_ptr, y_ptr, N, K, pid, nprog, w_first, K_SPLIT: tl.constexpr, ACT: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
-    """y[N] += W[N, K] @ x over this program's work items (row block, K range); y was zeroed before.
-    PREFETCH: `w_first` is the first item's first weight tile (`_first_tile`), already requested."""
+    """y[N] += W[N, K] @ x over this program's work items (row block, K range); y was zeroed before. ACT: x is the
+    MLP's silu(gate) * up (`_x_tile`). PREFETCH: `w_first` is the first item's first weight tile (`_first_tile`),
+    already requested."""
     n_blocks = tl.cdiv(N, BLOCK_N)
     k_per = _k_per(K, K_SPLIT, BLOCK_K)
     for item in range(pid, n_blocks * K_SPLIT, nprog):
