@@ -351,24 +351,21 @@ def chain_sweep(args: argparse.Namespace, d: Dims, sms: int, floor_of, report: d
     logger.info("separate (engine kernels, graph): %.3f ms = %.3fx floor, rel err %.2e", ms, ms / floor, err)
     for per_sm, cfg, prefetch in ((n, c, f) for n in args.programs_per_sm for c in args.configs
                                   for f in args.prefetch):
-        bn, bk, warps, stages = (int(v) for v in cfg.split(":"))
-        run, st = persistent_chain(w, a0, d, per_sm * sms, bn, bk, warps, stages, bool(prefetch))
-        entry = {"variant": "persistent", "programs": per_sm * sms, "config": cfg, "prefetch": bool(prefetch),
-                 "k_split": st["k_split"]}
+        config = tuple(int(v) for v in cfg.split(":"))
+        entry = {"variant": "persistent", "programs": per_sm * sms, "config": cfg, "prefetch": bool(prefetch)}
         try:
-            run()
-            torch.cuda.synchronize()
+            run, st, err, failure = checked_persistent(w, a0, d, per_sm * sms, config, bool(prefetch))
         except Exception as exc:  # a config Triton cannot build: record it, go on
             entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
-            report["runs"].append(entry)
-            logger.info("persistent %s x%d: %s", cfg, per_sm, entry["error"])
-            continue
-        entry["rel_err"] = rel_error(st["a"], ref)
-        if int(st["flag"].item()):
-            entry["error"] = "a barrier wait gave up (programs not co-resident?)"
         else:
-            entry["ms"] = time_ms(run, args.repeats)
-            entry["ratio"] = entry["ms"] / floor
+            entry.update(k_split=st["k_split"], rel_err=err)
+            if failure:
+                entry["error"] = failure
+            else:
+                entry["ms"] = time_ms(run, args.repeats)
+                entry["ratio"] = entry["ms"] / floor
+                if not still_ok(st):
+                    entry["error"] = "a barrier wait gave up while timed"
         report["runs"].append(entry)
         logger.info("persistent %s, %d programs: %s", cfg, per_sm * sms,
                     {k: v for k, v in entry.items() if k not in ("variant", "config", "programs")})
@@ -377,13 +374,15 @@ def chain_sweep(args: argparse.Namespace, d: Dims, sms: int, floor_of, report: d
 
 def checked_persistent(w: dict[str, torch.Tensor], a0: torch.Tensor, d: Dims, programs: int,
                        config: tuple[int, ...], prefetch: bool):
-    """The persistent chain, run once and checked against torch: (run, state, failure or None)."""
+    """The persistent chain, run once and checked against torch: (run, state, relative error, failure or None). A
+    barrier that gave up (programs not co-resident) or an error above 1e-3 is a failure."""
     run, st = persistent_chain(w, a0, d, programs, *config, prefetch=prefetch)
     run()
-    torch.cuda.synchronize()
+    if a0.is_cuda:
+        torch.cuda.synchronize()
     err = rel_error(st["a"], reference(w, a0, d))
     flag = int(st["flag"].item())
-    return run, st, None if not flag and err <= 1e-3 else f"failed (flag {flag}, err {err:.1e})"
+    return run, st, err, None if not flag and err <= 1e-3 else f"failed (flag {flag}, err {err:.1e})"
 
 
 def still_ok(*states: dict) -> bool:
@@ -397,7 +396,7 @@ def persistent_rows(label: str, w: dict[str, torch.Tensor], a0: torch.Tensor, d:
     other chain's engine kernels on the other stream). A wrong result or a barrier that gave up, before or during
     the timed runs, leaves one failed row instead."""
     name = f"{label} persistent x{programs}{' prefetch' if prefetch else ''}"
-    run, st, failure = checked_persistent(w, a0, d, programs, config, prefetch)
+    run, st, _, failure = checked_persistent(w, a0, d, programs, config, prefetch)
     if failure:
         return [(f"{name}: {failure}", float("nan"))]
     rows = [(f"{name}, alone", time_ms(run, repeats)), (f"{name}, the other chain's kernels beside", beside(run))]
@@ -411,8 +410,8 @@ def both_persistent_rows(lm: tuple, enc: tuple, pair: str, config_lm: tuple[int,
     about as their bytes are, and neither chain's barriers wait for a program that shares an SM with the other's."""
     p_lm, p_enc = (int(v) for v in pair.split(":"))
     name = f"both persistent {p_lm}:{p_enc}{' prefetch' if prefetch else ''}"
-    run_lm, st_lm, fail_lm = checked_persistent(*lm, p_lm, config_lm, prefetch)
-    run_enc, st_enc, fail_enc = checked_persistent(*enc, p_enc, config_enc, prefetch)
+    run_lm, st_lm, _, fail_lm = checked_persistent(*lm, p_lm, config_lm, prefetch)
+    run_enc, st_enc, _, fail_enc = checked_persistent(*enc, p_enc, config_enc, prefetch)
     if fail_lm or fail_enc:
         return [(f"{name}: lm {fail_lm or 'ok'}, encoder {fail_enc or 'ok'}", float("nan"))]
     ms = time_pair_ms(run_lm, run_enc, repeats)

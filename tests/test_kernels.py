@@ -846,6 +846,7 @@ def test_attention_split_cap_switch(monkeypatch) -> None:
         with pytest.raises(ValueError, match="STREAMSCRIBE_ATTN_MAX_SPLITS must be a number of splits"):
             pat.max_splits()
 
+
 @pytest.mark.gpu
 def test_gpu_write_kv_matches_reference() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -2,8 +2,8 @@
 under the Triton interpreter: small shapes that are not block multiples, several layers, K split into ranges, one
 program (the interpreter runs programs one after another, so a barrier across several would never open; the GPU
 run checks every grid against the same reference), with and without each product's first weight tile requested
-before its barrier. A wrong product is caught, and a reference that vanishes is
-refused rather than passed."""
+before its barrier. A wrong product is caught (by hand and by the drivers' check, `checked_persistent`), and a
+reference that vanishes is refused rather than passed."""
 
 from __future__ import annotations
 
@@ -52,6 +52,17 @@ def _interpreter_main() -> None:
         run, st = p.persistent_chain(bad, a0, dims, 1, 16, 32, 4, 1)
         run()
         assert p.rel_error(st["a"], ref) > 1e-3
+        # the GPU drivers' check (`checked_persistent`, against torch on the same weights) passes a right chain and
+        # names a chain that misses its reference a failure
+        _, st, err, failure = p.checked_persistent(w, a0, dims, 1, (16, 32, 4, 1), True)
+        assert err < 1e-5 and failure is None and p.still_ok(st)
+        right = p.reference
+        p.reference = lambda *args: right(bad, a0, dims)  # the kernel's output against another chain's
+        try:
+            _, st, err, failure = p.checked_persistent(w, a0, dims, 1, (16, 32, 4, 1), True)
+        finally:
+            p.reference = right
+        assert err > 1e-3 and failure is not None and failure.startswith("failed")
 
     def a_vanishing_reference_is_refused() -> None:
         try:
