@@ -88,6 +88,9 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "before_s27": {"STREAMSCRIBE_SPLIT_K": "0", "STREAMSCRIBE_ATTN_MIN_KEYS": "128"},
     # the attention's split cap (64: the LM's split count at batch 1, where a 1-minute session fills only 12)
     **{f"attn_max_splits_{n}": {"STREAMSCRIBE_ATTN_MAX_SPLITS": str(n)} for n in (16, 32)},
+    # the splits combined by each call's last split program, no combine kernel (fifty-seventh session; opt-in)
+    "attn_fused_combine": {"STREAMSCRIBE_ATTN_FUSED_COMBINE": "1"},
+    "attn_fused_combine_16": {"STREAMSCRIBE_ATTN_FUSED_COMBINE": "1", "STREAMSCRIBE_ATTN_MAX_SPLITS": "16"},
     # the attention reads its metadata before the PDL wait and requests keys and values together (prepared in the
     # twenty-seventh session, opt-in until timed)
     "attn_early": {"STREAMSCRIBE_ATTN_EARLY": "1"},  # the default since the twenty-eighth session
