@@ -91,6 +91,10 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     # the splits combined by each call's last split program, no combine kernel (fifty-seventh session; opt-in)
     "attn_fused_combine": {"STREAMSCRIBE_ATTN_FUSED_COMBINE": "1"},
     "attn_fused_combine_16": {"STREAMSCRIBE_ATTN_FUSED_COMBINE": "1", "STREAMSCRIBE_ATTN_MAX_SPLITS": "16"},
+    # RoPE and the KV write in one kernel on the multi-row path (the encoder's 4 rows; fifty-seventh session; opt-in)
+    "rope_kv": {"STREAMSCRIBE_ROPE_KV": "1"},
+    "rope_kv_fused_combine_16": {"STREAMSCRIBE_ROPE_KV": "1", "STREAMSCRIBE_ATTN_FUSED_COMBINE": "1",
+                                 "STREAMSCRIBE_ATTN_MAX_SPLITS": "16"},
     # the attention reads its metadata before the PDL wait and requests keys and values together (prepared in the
     # twenty-seventh session, opt-in until timed)
     "attn_early": {"STREAMSCRIBE_ATTN_EARLY": "1"},  # the default since the twenty-eighth session

@@ -60,6 +60,22 @@ def launch_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: 
 
 
 @triton.jit
+def _rotated(base, cos_ptr, sin_ptr, t, sc, m, dt, HALF: tl.constexpr):
+    """The two halves of y = x*cos + rotate_half(x)*sin for the [BLOCK_H, D] heads at `base` of token t, rounded
+    like eager: (x*cos) and (rotate_half(x)*sin) are each rounded to the dtype before the add."""
+    d = tl.arange(0, HALF)
+    x1 = tl.load(base + d[None, :], mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(base + HALF + d[None, :], mask=m, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_ptr + t * sc + d).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + t * sc + HALF + d).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + t * sc + d).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + t * sc + HALF + d).to(tl.float32)[None, :]
+    y1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
+    y2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
+    return y1, y2
+
+
+@triton.jit
 def _rope_kernel(q_ptr, k_ptr, yq_ptr, yk_ptr, cos_ptr, sin_ptr, n_q, n_k, sqt, sqh, skt, skh, syqt, syqh, sykt, sykh,
                  sc, Q_BLOCKS, HALF: tl.constexpr, BLOCK_H: tl.constexpr, USE_GDC: tl.constexpr):
     """One program per (token, block of q heads or of k heads): y = x*cos + rotate_half(x)*sin, rounded
@@ -79,18 +95,49 @@ def _rope_kernel(q_ptr, k_ptr, yq_ptr, yk_ptr, cos_ptr, sin_ptr, n_q, n_k, sqt, 
         out = yk_ptr + t * sykt + h[:, None] * sykh
     d = tl.arange(0, HALF)
     m = hm[:, None]
-    dt = yq_ptr.dtype.element_ty
-    x1 = tl.load(base + d[None, :], mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(base + HALF + d[None, :], mask=m, other=0.0).to(tl.float32)
-    c1 = tl.load(cos_ptr + t * sc + d).to(tl.float32)[None, :]
-    c2 = tl.load(cos_ptr + t * sc + HALF + d).to(tl.float32)[None, :]
-    s1 = tl.load(sin_ptr + t * sc + d).to(tl.float32)[None, :]
-    s2 = tl.load(sin_ptr + t * sc + HALF + d).to(tl.float32)[None, :]
-    # eager: (x*cos) and (rotate_half(x)*sin) are each rounded to the dtype before the add
-    y1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
-    y2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
+    y1, y2 = _rotated(base, cos_ptr, sin_ptr, t, sc, m, yq_ptr.dtype.element_ty, HALF)
     tl.store(out + d[None, :], y1, mask=m)
     tl.store(out + HALF + d[None, :], y2, mask=m)
+
+
+@triton.jit
+def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, yq_ptr, kc_ptr, vc_ptr, slot_ptr, cos_ptr, sin_ptr, n_q, n_k,
+                    sqt, sqh, skt, skh, svt, svh, syqt, syqh, skcb, skcs, skch, svcb, svcs, svch, sslot, sc,
+                    Q_BLOCKS, K_BLOCKS, HALF: tl.constexpr, CACHE_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
+                    USE_GDC: tl.constexpr):
+    """`_rope_kernel` whose k heads go, rotated, straight to their paged-cache slot, with a third group of
+    programs copying the v heads to theirs (slot < 0: nothing written): RoPE and `write_kv` in one launch."""
+    pdl_prologue(USE_GDC)
+    t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    d = tl.arange(0, HALF)
+    if hb < Q_BLOCKS:
+        h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        m = (h < n_q)[:, None]
+        y1, y2 = _rotated(q_ptr + t * sqt + h[:, None] * sqh, cos_ptr, sin_ptr, t, sc, m,
+                          yq_ptr.dtype.element_ty, HALF)
+        out = yq_ptr + t * syqt + h[:, None] * syqh
+        tl.store(out + d[None, :], y1, mask=m)
+        tl.store(out + HALF + d[None, :], y2, mask=m)
+    else:
+        slot = tl.load(slot_ptr + t * sslot).to(tl.int64)
+        blk = slot // CACHE_BLOCK
+        off = slot % CACHE_BLOCK
+        if hb < Q_BLOCKS + K_BLOCKS:
+            h = (hb - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+            m = (h < n_k)[:, None] & (slot >= 0)
+            y1, y2 = _rotated(k_ptr + t * skt + h[:, None] * skh, cos_ptr, sin_ptr, t, sc, m,
+                              k_ptr.dtype.element_ty, HALF)
+            out = kc_ptr + blk * skcb + off * skcs + h[:, None] * skch
+        else:
+            h = (hb - Q_BLOCKS - K_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+            m = (h < n_k)[:, None] & (slot >= 0)
+            base = v_ptr + t * svt + h[:, None] * svh
+            y1 = tl.load(base + d[None, :], mask=m, other=0.0)
+            y2 = tl.load(base + HALF + d[None, :], mask=m, other=0.0)
+            out = vc_ptr + blk * svcb + off * svcs + h[:, None] * svch
+        tl.store(out + d[None, :], y1.to(kc_ptr.dtype.element_ty), mask=m)
+        tl.store(out + HALF + d[None, :], y2.to(kc_ptr.dtype.element_ty), mask=m)
 
 
 def _tokens_heads(x: torch.Tensor) -> torch.Tensor:
@@ -118,6 +165,28 @@ def launch_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
             yq.stride(0), yq.stride(1), yk.stride(0), yk.stride(1), cos2.stride(0), q_blocks,
             HALF=d // 2, BLOCK_H=block_h, num_warps=2, **pdl_launch_args(q.device))
     return yq.view(q.shape), yk.view(k.shape)
+
+
+def launch_rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"rope_write_kv: q, k, v are {q.dtype}, {k.dtype}, {v.dtype}")
+    d = q.shape[-1]
+    cos2 = cos.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
+    sin2 = sin.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
+    q3, k3, v3 = _tokens_heads(q), _tokens_heads(k), _tokens_heads(v)
+    yq = torch.empty(q3.shape, device=q.device, dtype=q.dtype)
+    t_all, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
+    block_h = min(16, triton.next_power_of_2(max(nq, nk)))
+    q_blocks, k_blocks = triton.cdiv(nq, block_h), triton.cdiv(nk, block_h)
+    if t_all:
+        _rope_kv_kernel[(t_all, q_blocks + 2 * k_blocks)](
+            q3, k3, v3, yq, k_cache, v_cache, slot_mapping, cos2, sin2, nq, nk,
+            q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
+            yq.stride(0), yq.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], slot_mapping.stride(0),
+            cos2.stride(0), q_blocks, k_blocks, HALF=d // 2, CACHE_BLOCK=k_cache.shape[1], BLOCK_H=block_h,
+            num_warps=2, **pdl_launch_args(q.device))
+    return yq.view(q.shape)
 
 
 @triton.jit

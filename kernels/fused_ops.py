@@ -9,14 +9,19 @@ normalise in fp32, cast, scale), so results match the unfused network bit for bi
   new_residual = x + residual (or x); y = weight * rms_norm(new_residual) [* scale].
 - `rope_(q, k, cos, sin)`: rotate_half RoPE applied in place to q [T, Hq, D] and k [T, Hkv, D].
 - `silu_mul(gate_up)`: silu(gate) * up for gate_up = [..., 2I] (gate first).
+- `rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)` -> rotated q: `rope` whose rotated keys and
+  the values go straight to their paged-cache slots (`paged_attention.write_kv`), one launch instead of two.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 
 from ._dispatch import use_triton
+from .paged_attention import check_write, write_kv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,6 +79,33 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     from ._fused_triton import launch_rope
 
     return launch_rope(q, k, cos, sin)
+
+
+def rope_write_kv_enabled() -> bool:
+    """Whether the model's attention rotates and writes the keys in one launch (`rope_write_kv`) where its backend
+    names the cache slots (`realtime.model.SupportsFusedKVWrite`). Off by default until measured;
+    STREAMSCRIBE_ROPE_KV=1 turns it on (read at every call, so at graph capture)."""
+    return os.environ.get("STREAMSCRIBE_ROPE_KV", "0") == "1"
+
+
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, *, backend: str = "auto"
+                  ) -> torch.Tensor:
+    """RoPE on q [B, T, Hq, D] and k [B, T, Hkv, D] (cos/sin [B, T, D]); the rotated keys and the values
+    v [B, T, Hkv, D] are stored at `slot_mapping` [B*T] of the paged cache (`paged_attention.write_kv`: slot < 0
+    skipped). Returns the rotated q. The same numbers as `rope` followed by `write_kv`."""
+    b, t, hkv, d = k.shape
+    if v.shape != k.shape or q.shape[:2] != k.shape[:2] or q.shape[-1] != d:
+        raise ValueError(f"rope_write_kv: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not agree")
+    flat = lambda x: x.reshape(b * t, hkv, d)  # noqa: E731
+    if not use_triton(backend, q.device) or _needs_autograd(q, k, v, cos, sin):
+        q_rot, k_rot = rope(q, k, cos, sin, backend="torch")
+        write_kv(k_cache, v_cache, flat(k_rot), flat(v), slot_mapping, backend="torch")
+        return q_rot
+    check_write(k_cache, v_cache, flat(k), flat(v), slot_mapping)
+    from ._fused_triton import launch_rope_write_kv
+
+    return launch_rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
 
 
 def silu_mul(gate_up: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:

@@ -56,7 +56,7 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         raise TypeError("k_cache and v_cache must share dtype and device")
 
 
-def _check_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def check_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
     _check_cache(k_cache, v_cache)
     if k.dim() != 3 or k.shape != v.shape or k.shape[1:] != k_cache.shape[2:]:
@@ -73,7 +73,7 @@ def write_kv_reference(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Te
 
     Boolean indexing syncs the host, so this is the CPU path, not a graph-capturable one.
     """
-    _check_write(k_cache, v_cache, k, v, slot_mapping)
+    check_write(k_cache, v_cache, k, v, slot_mapping)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     block_size = k_cache.shape[1]
@@ -89,7 +89,7 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     k, v: [T, Hkv, D]; slot_mapping: [T] int64 `physical_block * block_size + offset`, negative for
     padding rows (skipped). Distinct slots only. The Triton path (CUDA) is graph capturable.
     """
-    _check_write(k_cache, v_cache, k, v, slot_mapping)
+    check_write(k_cache, v_cache, k, v, slot_mapping)
     if not use_triton(backend, k_cache.device):
         write_kv_reference(k_cache, v_cache, k, v, slot_mapping)
         return

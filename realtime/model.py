@@ -22,7 +22,7 @@ from torch import nn
 from typing_extensions import TypeIs
 
 from kernels import one_row
-from kernels.fused_ops import add_rms_norm, rope, silu_mul
+from kernels.fused_ops import add_rms_norm, rope, rope_write_kv, rope_write_kv_enabled, silu_mul
 from kernels.linear import INVARIANT_ROWS, MAX_ROWS, linear
 
 from .config import DecoderConfig, EncoderConfig, ModelConfig
@@ -38,17 +38,18 @@ class AttentionBackend(Protocol):
 
 
 class SupportsFusedKVWrite(AttentionBackend, Protocol):
-    """A backend whose keys/values the q/k/v projection may write itself (`one_row.norm_qkv_rope_kv`):
-    it names the cache and slot of the step's one row, then attends over what is in the cache."""
+    """A backend whose keys/values the model may write itself (the one-row q/k/v projection,
+    `one_row.norm_qkv_rope_kv`, or RoPE, `fused_ops.rope_write_kv`): it names the cache and the slots of the
+    step's rows, then attends over what is in the cache."""
 
     supports_fused_kv_write: ClassVar[Literal[True]] = True
 
     def kv_destination(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(k_cache, v_cache, slot [1]) where the row's key and value of `layer` go."""
+        """(k_cache, v_cache, slot_mapping [T]) where the rows' keys and values of `layer` go (T = 1: one row)."""
         ...
 
     def attend_cached(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """`attend` for q [1, 1, Hq, D] whose keys/values are already in the cache."""
+        """`attend` for q [1, T, Hq, D] whose keys/values are already in the cache."""
         ...
 
 
@@ -142,8 +143,12 @@ class Attention(nn.Module):
         q = q.reshape(b, t, self.heads, self.head_dim)
         k = k.reshape(b, t, self.kv_heads, self.head_dim)
         v = v.reshape(b, t, self.kv_heads, self.head_dim)
-        q, k = rope(q, k, cos, sin)
-        out = backend.attend(layer, q, k, v)
+        if rope_write_kv_enabled() and supports_fused_kv_write(backend):  # one launch for RoPE and the KV write
+            k_cache, v_cache, slots = backend.kv_destination(layer)
+            out = backend.attend_cached(layer, rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots))
+        else:
+            q, k = rope(q, k, cos, sin)
+            out = backend.attend(layer, q, k, v)
         return linear(out.reshape(b, t, self.heads * self.head_dim), self.o_proj.weight, self.o_proj.bias,
                       max_rows=self.linear_rows)
 

@@ -99,6 +99,44 @@ def test_sixteen_streams_join_and_leave(tiny_ckpt, small_windows, in_flight):
                                                                         send_tokens_in_flight=in_flight))
 
 
+def test_rope_and_kv_write_in_one_call_keep_every_streams_tokens(tiny_ckpt, monkeypatch):
+    """STREAMSCRIBE_ROPE_KV=1: the model's attention hands RoPE's keys and the values to the cache itself
+    (`fused_ops.rope_write_kv` at the backend's `kv_destination`) and attends over the cache; with small windows
+    exceeded many times, every stream's tokens stay the session's (which attends without a cache)."""
+    from kernels import fused_ops
+
+    calls = {"n": 0}
+    real = fused_ops.rope_write_kv
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setenv("STREAMSCRIBE_ROPE_KV", "1")
+    monkeypatch.setattr("realtime.model.rope_write_kv", counted)
+    path = tiny_ckpt(seed=1, small_windows=True)
+    model, _ = load_model(path)
+    run_join_leave_scenario(model, load_tokenizer(path), RunnerOptions(max_streams=6, max_batch=4, block_size=4),
+                            n=8, seed=5)
+    assert calls["n"] > 100
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_rope_and_kv_write_in_one_kernel_on_gpu_equal_the_session(tiny_ckpt, max_batch, monkeypatch):
+    """The same with the Triton kernel, in fp32, graphs on (the encoder's 4 rows take it at every batch, the LM's
+    rows beside the one-row path at batch 4)."""
+    import torch
+
+    monkeypatch.setenv("STREAMSCRIBE_ROPE_KV", "1")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path = tiny_ckpt(seed=1, small_windows=True)
+    model, _ = load_model(path, device="cuda")
+    run_join_leave_scenario(model, load_tokenizer(path),
+                            RunnerOptions(max_streams=3, max_batch=max_batch, block_size=16, cuda_graphs=True,
+                                          one_row_decode=max_batch == 1), n=5, seed=3)
+
+
 @pytest.mark.parametrize("small_windows", [False, True])
 def test_plain_look_ahead_chunks_keep_every_streams_tokens(tiny_ckpt, small_windows):
     """A plain engine (no drafter) with `encoder_chunk=32` encodes a stream's buffered audio up to 32 tokens a call

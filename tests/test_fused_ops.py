@@ -82,9 +82,36 @@ def _check_backend(device: str, dtype: torch.dtype, backend: str, atol: float) -
         qq, kk = fo.rope(q, k, cos, sin, backend=backend)
         torch.testing.assert_close(qq, fo.rope_reference(q, cos, sin), atol=atol, rtol=0)
         torch.testing.assert_close(kk, fo.rope_reference(k, cos, sin), atol=atol, rtol=0)
+        _check_rope_write_kv(fo, qkv, q, k, cos, sin, qq, kk, backend, atol, g)
     for rows, n in ((1, 48), (6, 1500), (2, 9216)):
         gu = torch.randn(rows, 2 * n, generator=g).to(device, dtype)
         torch.testing.assert_close(fo.silu_mul(gu, backend=backend), fo.silu_mul_reference(gu), atol=atol, rtol=0)
+
+
+def _check_rope_write_kv(fo, qkv, q, k, cos, sin, qq, kk, backend: str, atol: float, g: torch.Generator) -> None:
+    """`rope_write_kv`: the rotated q of `rope` (bitwise), and the cache `rope` + `write_kv` leave (bitwise:
+    the rotated keys and the values in their slots, slot -1 skipped, every other slot untouched NaN)."""
+    from kernels.paged_attention import write_kv, write_kv_reference
+
+    _, t, hk, d = k.shape
+    hq = q.shape[2]
+    v = qkv[..., (hq + hk) * d:].view(1, t, hk, d)
+    slots = torch.randperm(5 * 4, generator=g)[:t].to(q.device)
+    if t > 1:
+        slots[t // 2] = -1  # a padding row: writes nothing
+    caches = [torch.full((5, 4, hk, d), float("nan"), dtype=q.dtype, device=q.device) for _ in range(4)]
+    q_rot = fo.rope_write_kv(q, k, v, cos, sin, caches[0], caches[1], slots, backend=backend)
+    assert torch.equal(q_rot, qq)
+    write_kv(caches[2], caches[3], kk[0], v[0], slots, backend=backend)
+    for got, want in ((caches[0], caches[2]), (caches[1], caches[3])):
+        torch.testing.assert_close(got, want, atol=0, rtol=0, equal_nan=True)
+    ref_k, ref_v = torch.full_like(caches[0], float("nan")), torch.full_like(caches[1], float("nan"))
+    write_kv_reference(ref_k, ref_v, fo.rope_reference(k, cos, sin)[0], v[0], slots)
+    torch.testing.assert_close(caches[0], ref_k, atol=atol, rtol=0, equal_nan=True)
+    torch.testing.assert_close(caches[1], ref_v, atol=0, rtol=0, equal_nan=True)
+    assert caches[0].isfinite().any() and caches[0].isnan().any()
+    with pytest.raises(ValueError, match="do not agree"):
+        fo.rope_write_kv(q, k, v[:, :, :1], cos, sin, caches[0], caches[1], slots, backend=backend)
 
 
 def _interpreter_main() -> None:
@@ -107,7 +134,7 @@ def _interpreter_main() -> None:
 
             import kernels._fused_triton as ft
 
-            for attr in ("launch_add_rms_norm", "launch_rope", "launch_silu_mul"):
+            for attr in ("launch_add_rms_norm", "launch_rope", "launch_silu_mul", "launch_rope_write_kv"):
                 setattr(ft, attr, counting(getattr(ft, attr)))
             _check_backend("cpu", dtype, "triton", atol={torch.float32: 2e-6, torch.float16: 2e-3}[dtype])
             assert calls["n"] > 10, "the Triton launchers did not run"
