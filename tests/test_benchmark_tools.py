@@ -351,6 +351,18 @@ def test_encoder_overlap_benchmark_refuses_unknown_modes_and_variants(monkeypatc
     assert beo.VARIANTS["default"] == {}
 
 
+def test_encoder_overlap_variants_name_only_switches_the_code_reads() -> None:
+    """A misspelt switch in a variant would time the default under another name: every environment variable a
+    variant sets is read somewhere in kernels/ or realtime/."""
+    import bench_encoder_overlap as beo
+
+    root = Path(__file__).resolve().parent.parent
+    source = "\n".join(p.read_text() for d in ("kernels", "realtime") for p in (root / d).rglob("*.py"))
+    names = {name for env in beo.VARIANTS.values() for name in env}
+    assert {"STREAMSCRIBE_ATTN_FUSED_COMBINE", "STREAMSCRIBE_ROPE_KV"} <= names
+    assert sorted(n for n in names if f'"{n}"' not in source) == []
+
+
 def test_instant_engine_decodes_each_whole_token_of_audio_once_and_ends_on_finish() -> None:
     """`host_path_cost.py`'s model-free engine: one empty pad token per whole 80 ms pushed, at the LM position whose
     audio_end_ms is that token's end (so the load tester's delay is the host path's own), then StreamDone."""
