@@ -88,13 +88,11 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "before_s27": {"STREAMSCRIBE_SPLIT_K": "0", "STREAMSCRIBE_ATTN_MIN_KEYS": "128"},
     # the attention's split cap (64: the LM's split count at batch 1, where a 1-minute session fills only 12)
     **{f"attn_max_splits_{n}": {"STREAMSCRIBE_ATTN_MAX_SPLITS": str(n)} for n in (16, 32)},
-    # the splits combined by each call's last split program, no combine kernel (fifty-seventh session; opt-in)
-    "attn_fused_combine": {"STREAMSCRIBE_ATTN_FUSED_COMBINE": "1"},
-    "attn_fused_combine_16": {"STREAMSCRIBE_ATTN_FUSED_COMBINE": "1", "STREAMSCRIBE_ATTN_MAX_SPLITS": "16"},
-    # RoPE and the KV write in one kernel on the multi-row path (the encoder's 4 rows; fifty-seventh session; opt-in)
-    "rope_kv": {"STREAMSCRIBE_ROPE_KV": "1"},
-    "rope_kv_fused_combine_16": {"STREAMSCRIBE_ROPE_KV": "1", "STREAMSCRIBE_ATTN_FUSED_COMBINE": "1",
-                                 "STREAMSCRIBE_ATTN_MAX_SPLITS": "16"},
+    # the fifty-seventh session's defaults, each off and both off: RoPE and the KV write in one kernel on the
+    # multi-row path (the encoder's 4 rows), and empty attention splits that skip their accumulator
+    "rope_kv_off": {"STREAMSCRIBE_ROPE_KV": "0"},
+    "attn_skip_empty_off": {"STREAMSCRIBE_ATTN_SKIP_EMPTY": "0"},
+    "before_s57": {"STREAMSCRIBE_ROPE_KV": "0", "STREAMSCRIBE_ATTN_SKIP_EMPTY": "0"},
     # the attention reads its metadata before the PDL wait and requests keys and values together (prepared in the
     # twenty-seventh session, opt-in until timed)
     "attn_early": {"STREAMSCRIBE_ATTN_EARLY": "1"},  # the default since the twenty-eighth session

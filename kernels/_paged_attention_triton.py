@@ -11,11 +11,9 @@ Attention work decomposition, chosen for 1..9 queries per sequence per step:
   ~4 programs per SM exist at small batch: LM decode at batch 1 has only 8 (run, kv head)
   pairs but 8192 keys each). Each split writes (acc, max, sum) to an fp32 workspace and a second
   tiny kernel combines them. With one split the first kernel writes the output directly.
-  With `split_counters` (FUSED_COMBINE) there is no second kernel: each split program counts itself
-  done on an int32 counter of its (run, kv head) with an acquire-release atomic, and the program that
-  counts last combines that run's rows and sets the counter back to 0. One launch less per call, at
-  the price of a combine tail in the last program (the counters start at 0 and end at 0, so a captured
-  graph replays with them; calls that may run at the same time must not share them).
+  A split whose key range is empty (a young session: 750 keys fill 12 of the LM's 64 batch-1 splits)
+  stores only its max (-inf) and sum (0), and the combine reads the accumulator of a split only where
+  its max is finite (SKIP_EMPTY): the same sums, without 2 KB written and read back per empty split.
 Everything the kernels read per step (tables, positions, sequence ids) is device data; only
 shapes, window, scale and the split count are baked in, so a captured CUDA graph replays with
 new metadata.
@@ -96,16 +94,15 @@ def _scores(q, k, kpos, k_in, pos, good, window, scale_log2, HAS_WINDOW: tl.cons
 
 @triton.jit
 def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr,
-                           root_ptr, tslot_ptr, cnt_ptr,
+                           root_ptr, tslot_ptr,
                            num_tokens, window, table_width, scale_log2,
                            stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                            stride_bt, stride_ot, stride_oh, stride_seq, stride_pos, stride_tslot,
                            HQ: tl.constexpr, GROUP: tl.constexpr, RUN: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-                           HAS_WINDOW: tl.constexpr,
+                           BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
                            IEEE: tl.constexpr, HAS_TREE: tl.constexpr, EARLY: tl.constexpr,
-                           FUSED_COMBINE: tl.constexpr, USE_GDC: tl.constexpr):
+                           SKIP_EMPTY: tl.constexpr, USE_GDC: tl.constexpr):
     if not EARLY:
         pdl_prologue(USE_GDC)
     run = tl.program_id(0)
@@ -197,39 +194,34 @@ def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_pt
         tl.store(out_ptr + o_off[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty), mask=omask)
     else:
         ws_row = (tok.to(tl.int64) * HQ + head) * NUM_SPLITS + split
+        if SKIP_EMPTY:  # an empty split's accumulator (zeros) is never read: its max is -inf
+            omask = omask & (start < end)
         tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + d[None, :], acc, mask=omask)
         tl.store(ws_m_ptr + ws_row, tl.where(bad, float("nan"), m_i), mask=row_in)
         tl.store(ws_l_ptr + ws_row, l_i, mask=row_in)
-        if FUSED_COMBINE:
-            # every thread's partials are stored before the count (release); the last program's reads of the
-            # others' partials come after it (acquire) and bypass L1 (.cg), which may hold none of them anyway
-            tl.debug_barrier()
-            cnt = cnt_ptr + run * (HQ // GROUP) + kvh
-            done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            if done == NUM_SPLITS - 1:
-                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # ready for the next call or graph replay
-                for r in range(RUN * GROUP):
-                    tok_r = run * RUN + r // GROUP
-                    if tok_r < num_tokens:
-                        _combine_row(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, tok_r.to(tl.int64),
-                                     kvh * GROUP + r % GROUP, stride_ot, stride_oh, HQ, HEAD_DIM, NUM_SPLITS,
-                                     BLOCK_S, BLOCK_D, ".cg")
 
 
 @triton.jit
-def _combine_row(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, tok, head, stride_ot, stride_oh,
-                 HQ: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-                 BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
-    """Merge the splits' partial softmaxes of one (token, q head) (log-sum-exp rescaling) into its output row."""
+def combine_splits_kernel(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, stride_ot, stride_oh,
+                          HQ: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_EMPTY: tl.constexpr,
+                          USE_GDC: tl.constexpr):
+    """One program per (token, q head): merge the splits' partial softmaxes (log-sum-exp rescaling)."""
+    pdl_prologue(USE_GDC)
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     s_in = s < NUM_SPLITS
     d_in = d < HEAD_DIM
     base = (tok * HQ + head) * NUM_SPLITS
-    m = tl.load(ws_m_ptr + base + s, mask=s_in, other=float("-inf"), cache_modifier=CACHE)
-    l = tl.load(ws_l_ptr + base + s, mask=s_in, other=0.0, cache_modifier=CACHE)
-    acc = tl.load(ws_acc_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=s_in[:, None] & d_in[None, :],
-                  other=0.0, cache_modifier=CACHE)
+    m = tl.load(ws_m_ptr + base + s, mask=s_in, other=float("-inf"))
+    l = tl.load(ws_l_ptr + base + s, mask=s_in, other=0.0)
+    # a split's weight below is exp2(m - m_ref): 0 where m is -inf, and a NaN max makes the output NaN whatever the
+    # accumulators, so only splits with a finite max need theirs (SKIP_EMPTY; the others may be unwritten)
+    read = (s_in & (m > float("-inf"))) if SKIP_EMPTY else s_in
+    acc = tl.load(ws_acc_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=read[:, None] & d_in[None, :],
+                  other=0.0)
     is_nan = m != m
     any_nan = tl.max(is_nan.to(tl.int32), axis=0) > 0
     m = tl.where(is_nan, float("-inf"), m)
@@ -240,16 +232,6 @@ def _combine_row(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, tok, head, stride_ot, 
     o = tl.sum(w[:, None] * acc, axis=0) / tl.where(total > 0, total, 1.0)
     o = tl.where(any_nan, float("nan"), o)
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=d_in)
-
-
-@triton.jit
-def combine_splits_kernel(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, stride_ot, stride_oh,
-                          HQ: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_GDC: tl.constexpr):
-    """One program per (token, q head): `_combine_row`."""
-    pdl_prologue(USE_GDC)
-    _combine_row(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1),
-                 stride_ot, stride_oh, HQ, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D, "")
 
 
 def _device_ctx(t: torch.Tensor) -> contextlib.AbstractContextManager:
@@ -280,6 +262,13 @@ def early_metadata() -> bool:
     against 3.004 ms, 2.965 against 2.987 ms); STREAMSCRIBE_ATTN_EARLY=0 turns it off (read at launch, so at graph
     capture)."""
     return os.environ.get("STREAMSCRIBE_ATTN_EARLY", "1") != "0"
+
+
+def skip_empty_splits() -> bool:
+    """Whether empty splits skip their accumulator (`paged_attention_kernel`, SKIP_EMPTY: the same outputs). The
+    default since the fifty-seventh session; STREAMSCRIBE_ATTN_SKIP_EMPTY=0 turns it off (read at launch, so at
+    graph capture)."""
+    return os.environ.get("STREAMSCRIBE_ATTN_SKIP_EMPTY", "1") != "0"
 
 
 def kernel_config(dtype: torch.dtype, block_m: int) -> tuple[int, int]:
@@ -319,8 +308,7 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_ids: torch.Tensor, q_pos: torch.Tensor,
                            window: int | None, scale: float, out: torch.Tensor, *, tokens_per_run: int,
                            num_splits: int | None, tree_root: torch.Tensor | None = None,
-                           tree_slots: torch.Tensor | None = None, split_counters: torch.Tensor | None = None
-                           ) -> None:
+                           tree_slots: torch.Tensor | None = None) -> None:
     t, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     if t == 0:
@@ -342,15 +330,6 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_m = max(16, triton.next_power_of_2(run * group))
     block_d = max(16, triton.next_power_of_2(d))
     block_n, num_warps = kernel_config(q.dtype, block_m)
-    fused = split_counters is not None and num_splits > 1
-    if fused:
-        assert split_counters is not None
-        if split_counters.dtype != torch.int32 or split_counters.device != q.device or split_counters.dim() != 1:
-            raise ValueError(f"split_counters must be a 1-D int32 tensor on q's device, got {split_counters.dtype} "
-                             f"{tuple(split_counters.shape)} on {split_counters.device}")
-        if split_counters.numel() < num_runs * hkv:
-            raise ValueError(f"split_counters holds {split_counters.numel()} counters, the call needs {num_runs * hkv} "
-                             f"({num_runs} runs x {hkv} kv heads)")
     if num_splits > 1:
         ws_acc = torch.empty(t, hq, num_splits, d, dtype=torch.float32, device=q.device)
         ws_m = torch.empty(t, hq, num_splits, dtype=torch.float32, device=q.device)
@@ -361,19 +340,18 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         paged_attention_kernel[(num_runs, hkv, num_splits)](
             q, k_cache, v_cache, block_tables, seq_ids, q_pos, out, ws_acc, ws_m, ws_l,
             q_pos if tree_root is None else tree_root, q_pos if tree_slots is None else tree_slots,
-            split_counters if fused else q_pos,
             t, int(window or 0), block_tables.shape[1], float(scale) * 1.4426950408889634,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             block_tables.stride(0), out.stride(0), out.stride(1), seq_ids.stride(0), q_pos.stride(0),
             0 if tree_slots is None else tree_slots.stride(0),
             HQ=hq, GROUP=group, RUN=run, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_D=block_d,
-            BLOCK_N=block_n, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            HAS_WINDOW=has_window, IEEE=q.dtype == torch.float32, HAS_TREE=tree_root is not None,
-            EARLY=early_metadata(), FUSED_COMBINE=fused, num_warps=num_warps, num_stages=2,
+            BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_WINDOW=has_window, IEEE=q.dtype == torch.float32,
+            HAS_TREE=tree_root is not None, EARLY=early_metadata(), SKIP_EMPTY=skip_empty_splits(),
+            num_warps=num_warps, num_stages=2,
             **pdl_launch_args(q.device))
-        if num_splits > 1 and not fused:
+        if num_splits > 1:
             combine_splits_kernel[(t, hq)](
                 ws_acc, ws_m, ws_l, out, out.stride(0), out.stride(1),
                 HQ=hq, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-                BLOCK_D=block_d, num_warps=2, **pdl_launch_args(q.device))
+                BLOCK_D=block_d, SKIP_EMPTY=skip_empty_splits(), num_warps=2, **pdl_launch_args(q.device))

@@ -21,7 +21,6 @@ the Triton kernels (`_paged_attention_triton.py`) are the CUDA one and are CUDA-
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -488,16 +487,6 @@ def paged_attention_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     return result
 
 
-def split_counters_for(max_runs: int, kv_heads: int, device: torch.device) -> torch.Tensor | None:
-    """Zeroed split counters for the calls of one attention user (a cache whose calls never run at the same time)
-    with at most `max_runs` runs, when the fused combine is on: `paged_attention`'s `split_counters`. Off by
-    default until measured; STREAMSCRIBE_ATTN_FUSED_COMBINE=1 turns it on on CUDA (read here, so when the user is
-    made, before any graph capture). None otherwise: the splits are combined by a second kernel."""
-    if device.type != "cuda" or os.environ.get("STREAMSCRIBE_ATTN_FUSED_COMBINE", "0") != "1":
-        return None
-    return torch.zeros(max_runs * kv_heads, dtype=torch.int32, device=device)
-
-
 def splits_for_streams(streams: int, kv_heads: int, window: int | None, tokens_per_run: int,
                        device: torch.device) -> int | None:
     """The Triton path's key splits for a call whose runs belong to `streams` streams, as if each stream had one
@@ -516,7 +505,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     out: torch.Tensor | None = None, *, tokens_per_run: int = 1, num_splits: int | None = None,
                     backend: str = "auto", tree_root: torch.Tensor | None = None,
                     tree_slots: torch.Tensor | None = None, plan: RunsPlan | None = None,
-                    rings_finite: bool = False, split_counters: torch.Tensor | None = None) -> torch.Tensor:
+                    rings_finite: bool = False) -> torch.Tensor:
     """Attention of T query tokens (several sequences, flattened) over their paged caches.
 
     q: [T, Hq, D] (RoPE applied); seq_ids: [T] row of `block_tables` per token; q_pos: [T] absolute
@@ -542,10 +531,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     plan: the CPU path's per-step index work, shared by every layer of one cache (`RunsPlan`).
     rings_finite: the CPU path may read whole ring-aligned rings in place (`paged_attention_runs`); the Triton
     path never reads a slot outside a row's range, so it ignores this.
-
-    split_counters (Triton path): int32 [>= runs x kv heads], all 0 (`split_counters_for`). With more than one
-    split, the last split program of each (run, kv head) then combines the splits itself (no second kernel) and
-    sets its counter back to 0. Calls that may run at the same time (other CUDA streams) must not share it.
     """
     _check_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, out)
     if tokens_per_run < 1:
@@ -572,5 +557,5 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         out = torch.empty_like(q)
     launch_paged_attention(q, k_cache, v_cache, block_tables, seq_ids, q_pos, window, scale, out,
                            tokens_per_run=tokens_per_run, num_splits=num_splits, tree_root=tree_root,
-                           tree_slots=tree_slots, split_counters=split_counters)
+                           tree_slots=tree_slots)
     return out

@@ -42,9 +42,9 @@ def drive(engine: BatchedEngine, max_steps: int = 100_000) -> None:
     raise AssertionError("engine did not go idle")
 
 
-def run_join_leave_scenario(model, tok, opts: RunnerOptions, n: int = 16, seed: int = 0) -> BatchedEngine:
+def run_join_leave_scenario(model, tok, opts: RunnerOptions, n: int = 16, seed: int = 0) -> None:
     """n streams with random lengths/delays join at random steps, push random chunk sizes, finish
-    and leave; every stream's tokens must equal the single-stream session's. Returns the drained engine."""
+    and leave; every stream's tokens must equal the single-stream session's."""
     eng = BatchedEngine(model, tok, opts=opts)
     rng = np.random.default_rng(seed)
     clips = [synthetic_audio(float(rng.uniform(0.5, 4.0)), seed=100 + i) for i in range(n)]
@@ -87,7 +87,6 @@ def run_join_leave_scenario(model, tok, opts: RunnerOptions, n: int = 16, seed: 
     drive(eng)
     assert len(eng._free_slots) == opts.max_streams
     assert eng.runner.lm_cache.pool.free == eng.runner.lm_cache.pool.num_blocks
-    return eng
 
 
 @pytest.mark.parametrize(("small_windows", "in_flight"), [(False, None), (True, None), (True, True)])
@@ -99,10 +98,11 @@ def test_sixteen_streams_join_and_leave(tiny_ckpt, small_windows, in_flight):
                                                                         send_tokens_in_flight=in_flight))
 
 
-def test_rope_and_kv_write_in_one_call_keep_every_streams_tokens(tiny_ckpt, monkeypatch):
-    """STREAMSCRIBE_ROPE_KV=1: the model's attention hands RoPE's keys and the values to the cache itself
-    (`fused_ops.rope_write_kv` at the backend's `kv_destination`) and attends over the cache; with small windows
-    exceeded many times, every stream's tokens stay the session's (which attends without a cache)."""
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_rope_and_kv_write_in_one_call_keep_every_streams_tokens(tiny_ckpt, switch, monkeypatch):
+    """By default (STREAMSCRIBE_ROPE_KV=0: not) the model's attention hands RoPE's keys and the values to the cache
+    itself (`fused_ops.rope_write_kv` at the backend's `kv_destination`) and attends over the cache; with small
+    windows exceeded many times, every stream's tokens stay the session's (which attends without a cache)."""
     from kernels import fused_ops
 
     calls = {"n": 0}
@@ -112,13 +112,16 @@ def test_rope_and_kv_write_in_one_call_keep_every_streams_tokens(tiny_ckpt, monk
         calls["n"] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setenv("STREAMSCRIBE_ROPE_KV", "1")
+    if switch == "1":
+        monkeypatch.delenv("STREAMSCRIBE_ROPE_KV", raising=False)
+    else:
+        monkeypatch.setenv("STREAMSCRIBE_ROPE_KV", switch)
     monkeypatch.setattr("realtime.model.rope_write_kv", counted)
     path = tiny_ckpt(seed=1, small_windows=True)
     model, _ = load_model(path)
     run_join_leave_scenario(model, load_tokenizer(path), RunnerOptions(max_streams=6, max_batch=4, block_size=4),
                             n=8, seed=5)
-    assert calls["n"] > 100
+    assert calls["n"] > 100 if switch == "1" else calls["n"] == 0
 
 
 @pytest.mark.gpu
@@ -128,7 +131,7 @@ def test_rope_and_kv_write_in_one_kernel_on_gpu_equal_the_session(tiny_ckpt, max
     rows beside the one-row path at batch 4)."""
     import torch
 
-    monkeypatch.setenv("STREAMSCRIBE_ROPE_KV", "1")
+    monkeypatch.delenv("STREAMSCRIBE_ROPE_KV", raising=False)
     torch.backends.cuda.matmul.allow_tf32 = False
     path = tiny_ckpt(seed=1, small_windows=True)
     model, _ = load_model(path, device="cuda")
@@ -335,37 +338,6 @@ def test_one_row_decode_on_gpu_equals_the_session(tiny_ckpt, cuda_graphs, fused_
     run_join_leave_scenario(model, load_tokenizer(path),
                             RunnerOptions(max_streams=3, max_batch=1, block_size=16, cuda_graphs=cuda_graphs,
                                           one_row_decode=True), n=5, seed=3)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("max_batch", [1, 4])
-def test_fused_split_combine_on_gpu_equals_the_session(tiny_ckpt, max_batch, monkeypatch):
-    """STREAMSCRIBE_ATTN_FUSED_COMBINE=1: the LM's and the encoder's caches hold split counters, so their
-    attention's last split program combines the splits (the full windows give every call several splits); in fp32,
-    graphs on, the one-row path at batch 1 and the batched one beside it: the session's tokens, counters at 0."""
-    import torch
-
-    monkeypatch.setenv("STREAMSCRIBE_ATTN_FUSED_COMBINE", "1")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    path = tiny_ckpt(seed=1)
-    model, _ = load_model(path, device="cuda")
-    eng = run_join_leave_scenario(model, load_tokenizer(path),
-                                  RunnerOptions(max_streams=3, max_batch=max_batch, block_size=16, cuda_graphs=True,
-                                                one_row_decode=max_batch == 1), n=5, seed=3)
-    for cache in (eng.runner.lm_cache, eng.runner.enc_cache):
-        assert cache.split_counters is not None and not cache.split_counters.any()
-
-
-def test_split_counters_only_when_switched_on_and_on_cuda(monkeypatch):
-    import torch
-
-    from kernels.paged_attention import split_counters_for
-
-    monkeypatch.delenv("STREAMSCRIBE_ATTN_FUSED_COMBINE", raising=False)
-    assert split_counters_for(8, 4, torch.device("cpu")) is None
-    assert split_counters_for(8, 4, torch.device("cuda")) is None  # off: nothing is allocated
-    monkeypatch.setenv("STREAMSCRIBE_ATTN_FUSED_COMBINE", "1")
-    assert split_counters_for(8, 4, torch.device("cpu")) is None  # the CPU path does not split
 
 
 @pytest.mark.gpu

@@ -666,54 +666,29 @@ def _attention_check(name: str, dtype: torch.dtype, *, run_len: int | None = Non
     return check
 
 
-def _fused_combine_check(name: str, dtype: torch.dtype, *, run_len: int | None = None, num_splits: int,
-                         tree: bool = False) -> Callable[[], None]:
-    """With split counters the last split program of each (run, kv head) combines the splits: the same output
-    as the combine kernel's, bit for bit (one helper, same order), counters back at 0, and a second call on the
-    same counters right again (a counter left at its count would never combine: NaN-poisoned rows stay)."""
+def _skip_empty_check(name: str, *, run_len: int | None, num_splits: int) -> Callable[[], None]:
+    """Empty splits (most of them here: the window holds fewer keys than one tile per split) skip their accumulator
+    and the combine does not read it: with the split workspace NaN-poisoned, the output is still the reference's,
+    and the same bits as with every accumulator written (STREAMSCRIBE_ATTN_SKIP_EMPTY=0)."""
     def check() -> None:
-        if tree:
-            case = make_tree_case(9, dtype)
-            extra = dict(tree_root=case["tree_root"], tree_slots=case["tree_slots"])
-        else:
-            case = make_paged_case(7, dtype=dtype, run_len=run_len, **PAGED_CASES[name])
-            extra = dict(tokens_per_run=run_len or 1)
-        t, hq, _ = case["q"].shape
-        hkv = case["k_cache"].shape[2]
-        runs = -(-t // (run_len or 1))
-        counters = torch.zeros(runs * hkv + 3, dtype=torch.int32)  # a few spare counters stay 0 as well
-        plain = paged_attention(*attention_args(case), num_splits=num_splits, backend="triton", **extra)
-        for call in range(2):
-            out = torch.full_like(case["q"], float("nan"))
-            paged_attention(*attention_args(case), out=out, num_splits=num_splits, backend="triton",
-                            split_counters=counters, **extra)
-            assert (counters == 0).all(), f"call {call}: counters left at {counters.tolist()}"
-            assert torch.isfinite(out).all(), f"call {call}: uncombined rows"
-            _assert_bitwise(out, plain)
-        if tree:
-            assert_attention_close(out, dense_tree_attention(case).float(), rel=1e-5)
-        else:
-            expected = _REFERENCES["paged_attention_reference"](*attention_args(case))
-            assert_attention_close(out, expected, rel={torch.float32: 1e-5, torch.float16: 3e-3}[dtype])
-        for bad, why in ((torch.zeros(runs * hkv - 1, dtype=torch.int32), "holds"),
-                         (torch.zeros(runs * hkv, dtype=torch.int64), "1-D int32")):
-            with pytest.raises(ValueError, match=why):
-                paged_attention(*attention_args(case), num_splits=num_splits, backend="triton", split_counters=bad,
-                                **extra)
+        case = make_paged_case(11, dtype=torch.float32, run_len=run_len, **PAGED_CASES[name])
+        real_empty = torch.empty
+
+        def poisoned(*size, dtype=None, device=None):
+            return torch.full(size, float("nan"), dtype=dtype, device=device)
+
+        outs = {}
+        for skip in ("1", "0"):
+            with mock.patch.dict(os.environ, {"STREAMSCRIBE_ATTN_SKIP_EMPTY": skip}), \
+                    mock.patch.object(torch, "empty", poisoned):
+                outs[skip] = paged_attention(*attention_args(case), tokens_per_run=run_len or 1,
+                                             num_splits=num_splits, backend="triton")
+            assert torch.empty is real_empty
+            assert torch.isfinite(outs[skip]).all(), f"skip={skip}: an unwritten accumulator was read"
+        _assert_bitwise(outs["1"], outs["0"])
+        expected = _REFERENCES["paged_attention_reference"](*attention_args(case))
+        assert_attention_close(outs["1"], expected, rel=1e-5)
     return check
-
-
-def _fused_combine_nan_check() -> None:
-    """The broken-run contract (NaN rows) holds when the last split program combines."""
-    case = make_paged_case(3, dtype=torch.float32, **PAGED_CASES["encoder_like"])
-    t = len(case["q_pos"])
-    hkv = case["k_cache"].shape[2]
-    plain = paged_attention(*attention_args(case), tokens_per_run=t, num_splits=2, backend="triton")
-    counters = torch.zeros(hkv, dtype=torch.int32)
-    fused = paged_attention(*attention_args(case), tokens_per_run=t, num_splits=2, backend="triton",
-                            split_counters=counters)
-    assert fused.isnan().any() and (counters == 0).all()
-    torch.testing.assert_close(fused, plain, atol=0, rtol=0, equal_nan=True)
 
 
 def _tree_check(num_splits: int) -> Callable[[], None]:
@@ -800,16 +775,10 @@ INTERPRETER_CHECKS: dict[str, Callable[[], None]] = {
     "attn_early_multi_tile_long_window_fp32": _with_env(EARLY, _attention_check("window_larger_than_history",
                                                                                 torch.float32, run_len=4)),
     "attn_early_multi_tile_tree_fp32": _with_env(EARLY, _tree_check(1)),
-    # the splits combined by the last split program (split counters; STREAMSCRIBE_ATTN_FUSED_COMBINE in the engine)
-    "attn_fused_combine_gqa_window_fp16": _fused_combine_check("gqa_window_smaller_than_history", torch.float16,
-                                                               num_splits=3),
-    "attn_fused_combine_runs_fp32": _fused_combine_check("ring_wraparound", torch.float32, run_len=5, num_splits=2),
-    "attn_fused_combine_encoder_fp32": _with_env(EARLY, _fused_combine_check("encoder_like", torch.float32,
-                                                                             run_len=4, num_splits=4)),
-    "attn_fused_combine_late_no_window_fp32": _with_env(LATE, _fused_combine_check("no_window", torch.float32,
-                                                                                   num_splits=5)),
-    "attn_fused_combine_tree_fp32": _fused_combine_check("", torch.float32, num_splits=3, tree=True),
-    "attn_fused_combine_contract_violation": _fused_combine_nan_check,
+    # empty splits leave their accumulator unwritten and unread (the default since the fifty-seventh session)
+    "attn_skip_empty_splits_runs_fp32": _skip_empty_check("ring_wraparound", run_len=5, num_splits=4),
+    "attn_skip_empty_splits_gqa_fp32": _skip_empty_check("gqa_window_smaller_than_history", run_len=None,
+                                                         num_splits=6),
 }
 # Filled in the subprocess with the real references before the dispatch copies are disabled.
 _REFERENCES: dict[str, Callable] = {}
@@ -951,40 +920,6 @@ def test_gpu_paged_attention_matches_reference(name: str, dtype: torch.dtype, ea
         assert torch.isfinite(out).all(), f"unwritten or poisoned rows (num_splits={num_splits})"
         assert (out[case["q_pos"] < 0] == 0).all()
         assert_attention_close(out, expected, rel=2e-2 if dtype == torch.bfloat16 else 5e-3)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(GPU_CASES))
-def test_gpu_fused_split_combine_matches_reference(name: str) -> None:
-    """The splits combined by each (run, kv head)'s last split program (split counters), eagerly and replayed
-    from a CUDA graph three times on the same counters: the reference's output every time, counters back at 0."""
-    shape, last, q_len, run = GPU_CASES[name]
-    case = make_paged_case(1, dtype=torch.bfloat16, device="cuda", last=last, q_lens=[q_len] * len(last),
-                           run_len=run if run > 1 else None, q_scale=1.5, **shape)
-    expected = paged_attention_reference(*attention_args(case))
-    t = case["q"].shape[0]
-    counters = torch.zeros(-(-t // run) * shape["hkv"], dtype=torch.int32, device="cuda")
-    for num_splits in (None, 7):
-        out = torch.full_like(case["q"], float("nan"))
-
-        def call() -> None:
-            paged_attention(*attention_args(case), out=out, tokens_per_run=run, num_splits=num_splits,
-                            split_counters=counters)
-
-        call()
-        torch.cuda.synchronize()
-        assert not counters.any() and torch.isfinite(out).all()
-        assert_attention_close(out, expected, rel=2e-2)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-        for _ in range(3):
-            out.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert not counters.any(), f"counters left at {counters.nonzero().numel()} places"
-            assert torch.isfinite(out).all() and (out[case["q_pos"] < 0] == 0).all()
-            assert_attention_close(out, expected, rel=2e-2)
 
 
 @pytest.mark.gpu

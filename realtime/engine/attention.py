@@ -51,6 +51,5 @@ class PagedAttention:
         out = paged_attention(q[0], self.cache.k[layer], self.cache.v[layer], self.block_tables, self.seq_ids,
                               self.q_pos, self.window, self.scale, tokens_per_run=self.tokens_per_run,
                               tree_root=self.tree_root, tree_slots=self.tree_slots, plan=self.plan,
-                              num_splits=self.num_splits, rings_finite=self.cache.rings_finite,
-                              split_counters=self.cache.split_counters)
+                              num_splits=self.num_splits, rings_finite=self.cache.rings_finite)
         return out[None]

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.paged_attention import split_counters_for
-
 
 def ring_width(window: int | None, block_size: int, max_q_len: int, max_positions: int | None) -> int:
     """Blocks a stream needs so that no position a query can see is ever overwritten.
@@ -110,10 +108,6 @@ class PagedKVCache:
         self.ring_positions = self.width * spec.block_size
         self._slots_host = np.full((max_streams, self.ring_positions), -1, dtype=np.int64)
         self._owned: dict[int, list[int]] = {}
-        # the attention's split counters (None unless the fused combine is on): one set per cache, since a cache's
-        # attention calls all run on one CUDA stream, one after another; a call has at most max_q_len query rows of
-        # each stream, and a graph bucket's padding rows come from one more slot
-        self.split_counters = split_counters_for((max_streams + 1) * spec.max_q_len, spec.kv_heads, device)
 
     @property
     def rings_finite(self) -> bool:
