@@ -88,11 +88,9 @@ VARIANTS = {  # name: environment of `kernels` and the runner (kernels/linear.py
     "before_s27": {"STREAMSCRIBE_SPLIT_K": "0", "STREAMSCRIBE_ATTN_MIN_KEYS": "128"},
     # the attention's split cap (64: the LM's split count at batch 1, where a 1-minute session fills only 12)
     **{f"attn_max_splits_{n}": {"STREAMSCRIBE_ATTN_MAX_SPLITS": str(n)} for n in (16, 32)},
-    # the fifty-seventh session's defaults, each off and both off: RoPE and the KV write in one kernel on the
-    # multi-row path (the encoder's 4 rows), and empty attention splits that skip their accumulator
+    # RoPE and the KV write as two kernels on the multi-row path (the encoder's 4 rows), as before the fifty-seventh
+    # session; its default is one kernel (`kernels.fused_ops.rope_write_kv`)
     "rope_kv_off": {"STREAMSCRIBE_ROPE_KV": "0"},
-    "attn_skip_empty_off": {"STREAMSCRIBE_ATTN_SKIP_EMPTY": "0"},
-    "before_s57": {"STREAMSCRIBE_ROPE_KV": "0", "STREAMSCRIBE_ATTN_SKIP_EMPTY": "0"},
     # the attention reads its metadata before the PDL wait and requests keys and values together (prepared in the
     # twenty-seventh session, opt-in until timed)
     "attn_early": {"STREAMSCRIBE_ATTN_EARLY": "1"},  # the default since the twenty-eighth session

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Fifty-seventh session, issue 3, second call (one GPU; packed into OUT/all.tgz). carry [".whl_gpu"] (docs/ out):
 #   bash benchmarks/gpu_s57_call2.sh OUT        (at most 420 s by its timeouts)
+# Ran at commit 8f5f2aa (results/session57/call2_*). The empty-split skip was reverted after it (no B1 gain, the
+# encoder 1% slower), so its variants are gone: run it from that commit.
 # The session's two new defaults, RoPE + KV write in one kernel (STREAMSCRIBE_ROPE_KV) and empty attention splits
 # that skip their accumulator (STREAMSCRIBE_ATTN_SKIP_EMPTY):
 # 1. B1 (engine order), the LM alone and the encoder alone: the defaults, each off, both off (3 alternating repeats);

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Fifty-seventh session, issue 3 (one GPU; packed into OUT/all.tgz). carry [".whl_gpu"] (docs/ out):
 #   bash benchmarks/gpu_s57_calls.sh OUT        (at most 460 s by its timeouts)
+# Ran at commit 6bc89d5 (results/session57/call1_*). The fused split combine was reverted after it (B1 +4%), and
+# RoPE + KV write in one kernel became the default, so its variants are gone: run it from that commit.
 # 1. the GPU tests of the attention's fused split combine (split counters: the last split program of each
 #    (run, kv head) combines, no combine kernel), of RoPE + KV write in one kernel, and of the paths they touch;
 # 2. B1 (engine order), the LM alone and the encoder alone: default, the split cap at 16, the fused combine with it,

@@ -11,9 +11,6 @@ Attention work decomposition, chosen for 1..9 queries per sequence per step:
   ~4 programs per SM exist at small batch: LM decode at batch 1 has only 8 (run, kv head)
   pairs but 8192 keys each). Each split writes (acc, max, sum) to an fp32 workspace and a second
   tiny kernel combines them. With one split the first kernel writes the output directly.
-  A split whose key range is empty (a young session: 750 keys fill 12 of the LM's 64 batch-1 splits)
-  stores only its max (-inf) and sum (0), and the combine reads the accumulator of a split only where
-  its max is finite (SKIP_EMPTY): the same sums, without 2 KB written and read back per empty split.
 Everything the kernels read per step (tables, positions, sequence ids) is device data; only
 shapes, window, scale and the split count are baked in, so a captured CUDA graph replays with
 new metadata.
@@ -101,8 +98,7 @@ def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_pt
                            HQ: tl.constexpr, GROUP: tl.constexpr, RUN: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                           IEEE: tl.constexpr, HAS_TREE: tl.constexpr, EARLY: tl.constexpr,
-                           SKIP_EMPTY: tl.constexpr, USE_GDC: tl.constexpr):
+                           IEEE: tl.constexpr, HAS_TREE: tl.constexpr, EARLY: tl.constexpr, USE_GDC: tl.constexpr):
     if not EARLY:
         pdl_prologue(USE_GDC)
     run = tl.program_id(0)
@@ -194,8 +190,6 @@ def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_pt
         tl.store(out_ptr + o_off[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty), mask=omask)
     else:
         ws_row = (tok.to(tl.int64) * HQ + head) * NUM_SPLITS + split
-        if SKIP_EMPTY:  # an empty split's accumulator (zeros) is never read: its max is -inf
-            omask = omask & (start < end)
         tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + d[None, :], acc, mask=omask)
         tl.store(ws_m_ptr + ws_row, tl.where(bad, float("nan"), m_i), mask=row_in)
         tl.store(ws_l_ptr + ws_row, l_i, mask=row_in)
@@ -204,8 +198,7 @@ def paged_attention_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, pos_ptr, out_pt
 @triton.jit
 def combine_splits_kernel(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, stride_ot, stride_oh,
                           HQ: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_EMPTY: tl.constexpr,
-                          USE_GDC: tl.constexpr):
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_GDC: tl.constexpr):
     """One program per (token, q head): merge the splits' partial softmaxes (log-sum-exp rescaling)."""
     pdl_prologue(USE_GDC)
     tok = tl.program_id(0).to(tl.int64)
@@ -217,10 +210,7 @@ def combine_splits_kernel(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, stride_ot, st
     base = (tok * HQ + head) * NUM_SPLITS
     m = tl.load(ws_m_ptr + base + s, mask=s_in, other=float("-inf"))
     l = tl.load(ws_l_ptr + base + s, mask=s_in, other=0.0)
-    # a split's weight below is exp2(m - m_ref): 0 where m is -inf, and a NaN max makes the output NaN whatever the
-    # accumulators, so only splits with a finite max need theirs (SKIP_EMPTY; the others may be unwritten)
-    read = (s_in & (m > float("-inf"))) if SKIP_EMPTY else s_in
-    acc = tl.load(ws_acc_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=read[:, None] & d_in[None, :],
+    acc = tl.load(ws_acc_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=s_in[:, None] & d_in[None, :],
                   other=0.0)
     is_nan = m != m
     any_nan = tl.max(is_nan.to(tl.int32), axis=0) > 0
@@ -262,13 +252,6 @@ def early_metadata() -> bool:
     against 3.004 ms, 2.965 against 2.987 ms); STREAMSCRIBE_ATTN_EARLY=0 turns it off (read at launch, so at graph
     capture)."""
     return os.environ.get("STREAMSCRIBE_ATTN_EARLY", "1") != "0"
-
-
-def skip_empty_splits() -> bool:
-    """Whether empty splits skip their accumulator (`paged_attention_kernel`, SKIP_EMPTY: the same outputs). The
-    default since the fifty-seventh session; STREAMSCRIBE_ATTN_SKIP_EMPTY=0 turns it off (read at launch, so at
-    graph capture)."""
-    return os.environ.get("STREAMSCRIBE_ATTN_SKIP_EMPTY", "1") != "0"
 
 
 def kernel_config(dtype: torch.dtype, block_m: int) -> tuple[int, int]:
@@ -347,11 +330,10 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             0 if tree_slots is None else tree_slots.stride(0),
             HQ=hq, GROUP=group, RUN=run, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_D=block_d,
             BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_WINDOW=has_window, IEEE=q.dtype == torch.float32,
-            HAS_TREE=tree_root is not None, EARLY=early_metadata(), SKIP_EMPTY=skip_empty_splits(),
-            num_warps=num_warps, num_stages=2,
+            HAS_TREE=tree_root is not None, EARLY=early_metadata(), num_warps=num_warps, num_stages=2,
             **pdl_launch_args(q.device))
         if num_splits > 1:
             combine_splits_kernel[(t, hq)](
                 ws_acc, ws_m, ws_l, out, out.stride(0), out.stride(1),
                 HQ=hq, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-                BLOCK_D=block_d, SKIP_EMPTY=skip_empty_splits(), num_warps=2, **pdl_launch_args(q.device))
+                BLOCK_D=block_d, num_warps=2, **pdl_launch_args(q.device))

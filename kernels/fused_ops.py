@@ -84,7 +84,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 def rope_write_kv_enabled() -> bool:
     """Whether the model's attention rotates and writes the keys in one launch (`rope_write_kv`) where its backend
     names the cache slots (`realtime.model.SupportsFusedKVWrite`): the default since the fifty-seventh session
-    (the same bits; on an H100 the batch-1 encoder chain 3.4% faster, B1 0.3%); STREAMSCRIBE_ROPE_KV=0 turns it
+    (the same bits; on an H100 the batch-1 encoder chain 3.1-3.4% faster, B1 0.3%); STREAMSCRIBE_ROPE_KV=0 turns it
     off (read at every call, so at graph capture)."""
     return os.environ.get("STREAMSCRIBE_ROPE_KV", "1") != "0"
 

@@ -359,7 +359,7 @@ def test_encoder_overlap_variants_name_only_switches_the_code_reads() -> None:
     root = Path(__file__).resolve().parent.parent
     source = "\n".join(p.read_text() for d in ("kernels", "realtime") for p in (root / d).rglob("*.py"))
     names = {name for env in beo.VARIANTS.values() for name in env}
-    assert {"STREAMSCRIBE_ATTN_SKIP_EMPTY", "STREAMSCRIBE_ROPE_KV"} <= names
+    assert {"STREAMSCRIBE_ATTN_MAX_SPLITS", "STREAMSCRIBE_ROPE_KV"} <= names
     assert sorted(n for n in names if f'"{n}"' not in source) == []
 
 

@@ -666,31 +666,6 @@ def _attention_check(name: str, dtype: torch.dtype, *, run_len: int | None = Non
     return check
 
 
-def _skip_empty_check(name: str, *, run_len: int | None, num_splits: int) -> Callable[[], None]:
-    """Empty splits (most of them here: the window holds fewer keys than one tile per split) skip their accumulator
-    and the combine does not read it: with the split workspace NaN-poisoned, the output is still the reference's,
-    and the same bits as with every accumulator written (STREAMSCRIBE_ATTN_SKIP_EMPTY=0)."""
-    def check() -> None:
-        case = make_paged_case(11, dtype=torch.float32, run_len=run_len, **PAGED_CASES[name])
-        real_empty = torch.empty
-
-        def poisoned(*size, dtype=None, device=None):
-            return torch.full(size, float("nan"), dtype=dtype, device=device)
-
-        outs = {}
-        for skip in ("1", "0"):
-            with mock.patch.dict(os.environ, {"STREAMSCRIBE_ATTN_SKIP_EMPTY": skip}), \
-                    mock.patch.object(torch, "empty", poisoned):
-                outs[skip] = paged_attention(*attention_args(case), tokens_per_run=run_len or 1,
-                                             num_splits=num_splits, backend="triton")
-            assert torch.empty is real_empty
-            assert torch.isfinite(outs[skip]).all(), f"skip={skip}: an unwritten accumulator was read"
-        _assert_bitwise(outs["1"], outs["0"])
-        expected = _REFERENCES["paged_attention_reference"](*attention_args(case))
-        assert_attention_close(outs["1"], expected, rel=1e-5)
-    return check
-
-
 def _tree_check(num_splits: int) -> Callable[[], None]:
     def check() -> None:
         case = make_tree_case(9, torch.float32)
@@ -775,10 +750,6 @@ INTERPRETER_CHECKS: dict[str, Callable[[], None]] = {
     "attn_early_multi_tile_long_window_fp32": _with_env(EARLY, _attention_check("window_larger_than_history",
                                                                                 torch.float32, run_len=4)),
     "attn_early_multi_tile_tree_fp32": _with_env(EARLY, _tree_check(1)),
-    # empty splits leave their accumulator unwritten and unread (the default since the fifty-seventh session)
-    "attn_skip_empty_splits_runs_fp32": _skip_empty_check("ring_wraparound", run_len=5, num_splits=4),
-    "attn_skip_empty_splits_gqa_fp32": _skip_empty_check("gqa_window_smaller_than_history", run_len=None,
-                                                         num_splits=6),
 }
 # Filled in the subprocess with the real references before the dispatch copies are disabled.
 _REFERENCES: dict[str, Callable] = {}
