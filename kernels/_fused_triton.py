@@ -136,6 +136,7 @@ def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, yq_ptr, kc_ptr, vc_ptr, slot_ptr, cos_p
             y1 = tl.load(base + d[None, :], mask=m, other=0.0)
             y2 = tl.load(base + HALF + d[None, :], mask=m, other=0.0)
             out = vc_ptr + blk * svcb + off * svcs + h[:, None] * svch
+        # in the caches' dtype (the k and v caches share it: `paged_attention.check_write`), as write_kv stores
         tl.store(out + d[None, :], y1.to(kc_ptr.dtype.element_ty), mask=m)
         tl.store(out + HALF + d[None, :], y2.to(kc_ptr.dtype.element_ty), mask=m)
 

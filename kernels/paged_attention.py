@@ -56,7 +56,7 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
 
 
 def check_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+                slot_mapping: torch.Tensor) -> None:
     _check_cache(k_cache, v_cache)
     if k.dim() != 3 or k.shape != v.shape or k.shape[1:] != k_cache.shape[2:]:
         raise ValueError(f"k/v must be [T, Hkv, D] matching the cache, got {tuple(k.shape)}, {tuple(v.shape)} "
