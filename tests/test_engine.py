@@ -100,9 +100,10 @@ def test_sixteen_streams_join_and_leave(tiny_ckpt, small_windows, in_flight):
 
 @pytest.mark.parametrize("switch", ["1", "0"])
 def test_rope_and_kv_write_in_one_call_keep_every_streams_tokens(tiny_ckpt, switch, monkeypatch):
-    """By default (STREAMSCRIBE_ROPE_KV=0: not) the model's attention hands RoPE's keys and the values to the cache
-    itself (`fused_ops.rope_write_kv` at the backend's `kv_destination`) and attends over the cache; with small
-    windows exceeded many times, every stream's tokens stay the session's (which attends without a cache)."""
+    """By default the model's attention hands RoPE's keys and the values to the cache itself
+    (`fused_ops.rope_write_kv` at the backend's `kv_destination`) and attends over the cache; with
+    STREAMSCRIBE_ROPE_KV=0 it calls `rope` and `attend` as before. Either way, with small windows exceeded many
+    times, every stream's tokens stay the session's (which attends without a cache)."""
     from kernels import fused_ops
 
     calls = {"n": 0}
@@ -128,7 +129,7 @@ def test_rope_and_kv_write_in_one_call_keep_every_streams_tokens(tiny_ckpt, swit
 @pytest.mark.parametrize("max_batch", [1, 4])
 def test_rope_and_kv_write_in_one_kernel_on_gpu_equal_the_session(tiny_ckpt, max_batch, monkeypatch):
     """The same with the Triton kernel, in fp32, graphs on (the encoder's 4 rows take it at every batch, the LM's
-    rows beside the one-row path at batch 4)."""
+    rows at batches 2-4; batch 1 takes the one-row path, which writes its keys in the q/k/v projection)."""
     import torch
 
     monkeypatch.delenv("STREAMSCRIBE_ROPE_KV", raising=False)
