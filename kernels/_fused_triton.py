@@ -147,18 +147,25 @@ def _tokens_heads(x: torch.Tensor) -> torch.Tensor:
     return x3 if x3.stride(2) == 1 else x3.contiguous()
 
 
+def _rope_operands(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(cos, sin as [tokens, D] rows, q and k as [tokens, H, D], heads per program) of both RoPE launchers."""
+    d = q.shape[-1]
+    cos2 = cos.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
+    sin2 = sin.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
+    block_h = min(16, triton.next_power_of_2(max(q.shape[2], k.shape[2])))
+    return cos2, sin2, _tokens_heads(q), _tokens_heads(k), block_h
+
+
 def launch_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     if q.dtype != k.dtype:
         raise TypeError(f"rope: q is {q.dtype}, k is {k.dtype}")
     d = q.shape[-1]
-    cos2 = cos.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
-    sin2 = sin.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
-    q3, k3 = _tokens_heads(q), _tokens_heads(k)
+    cos2, sin2, q3, k3, block_h = _rope_operands(q, k, cos, sin)
     yq = torch.empty(q3.shape, device=q.device, dtype=q.dtype)
     yk = torch.empty(k3.shape, device=k.device, dtype=k.dtype)
     t_all, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
-    block_h = min(16, triton.next_power_of_2(max(nq, nk)))
     q_blocks = triton.cdiv(nq, block_h)
     if t_all:
         _rope_kernel[(t_all, q_blocks + triton.cdiv(nk, block_h))](
@@ -173,12 +180,10 @@ def launch_rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos:
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"rope_write_kv: q, k, v are {q.dtype}, {k.dtype}, {v.dtype}")
     d = q.shape[-1]
-    cos2 = cos.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
-    sin2 = sin.expand(q.shape[0], q.shape[1], d).reshape(-1, d).contiguous()
-    q3, k3, v3 = _tokens_heads(q), _tokens_heads(k), _tokens_heads(v)
+    cos2, sin2, q3, k3, block_h = _rope_operands(q, k, cos, sin)
+    v3 = _tokens_heads(v)
     yq = torch.empty(q3.shape, device=q.device, dtype=q.dtype)
     t_all, nq, nk = q3.shape[0], q3.shape[1], k3.shape[1]
-    block_h = min(16, triton.next_power_of_2(max(nq, nk)))
     q_blocks, k_blocks = triton.cdiv(nq, block_h), triton.cdiv(nk, block_h)
     if t_all:
         _rope_kv_kernel[(t_all, q_blocks + 2 * k_blocks)](
