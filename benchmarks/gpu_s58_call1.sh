@@ -4,9 +4,10 @@
 #   bash benchmarks/gpu_s58_call1.sh OUT        (at most about 330 s by its timeouts)
 # Ran at commit 8dead0b on one H100 in 115 s (docs/benchmarks.md, issue 3, fifty-eighth session;
 # results/session58/call1_*).
-# 1. Stages .stage3/ (the default model's packed Kokoro training shards ps_ke52-55 and ps_ke57, 10.2 h) into
-#    /tmp/streamscribe_stage for the drafter's distillation, which must follow on the same warm machine
-#    (models/README.md, "default_drafter/": the second call is benchmarks/gpu_drafter_more_data.sh).
+# 1. Stages .stage3/ (the default model's packed Kokoro training shards; this session's held ps_ke52-55, 8.73 h,
+#    without the recipe's ps_ke57) into /tmp/streamscribe_stage for the drafter's distillation, which must follow
+#    on the same warm machine (models/README.md, "default_drafter/": the second call is
+#    benchmarks/gpu_drafter_more_data.sh).
 # 2. B1 on the shipped code (engine order, the LM alone, the encoder alone; 3 alternating repeats × 200 steps).
 # 3. The gpu-marked tests that the fifty-seventh session's calls left unrun on the shipped code (its last call cut
 #    test_one_row's [dot] case; the audio, linear and staging ones had last run on earlier code).
