@@ -440,15 +440,22 @@ def main() -> int:
         "admission_limit_unbounded": int(0.92 * free // (enc_full + lm_full)),
     }
     log.info("memory %s", report["memory"])
+
+    def save() -> None:  # after every part, so that a part that fails or runs out of time keeps the ones before
+        Path(args.out).write_text(json.dumps(report, indent=2))
+
+    save()
     if "b1" not in skip:
         report["B1"] = bench_b1(model, bw, args.steps, args.profile)
         log.info("B1 %s", report["B1"])
+        save()
     counts = [int(x) for x in args.counts.split(",")]
     counts = [n for n in counts if n <= report["memory"]["admission_limit_session"]]
     best = 0
     if "b2" not in skip:
         report["B2"], best = bench_b2(model, counts, args.steps, args.session_s, args.trace)
         report["B2_max_streams_p99_le_40ms"] = best
+        save()
     paced = [int(x) for x in args.paced_streams.split(",") if x] or ([best, max(1, best // 2)] if best else [])
     if True:
         if "paced" not in skip and paced:
@@ -464,10 +471,12 @@ def main() -> int:
                 report["B2_paced"].append(paced_run(model, _NoText(), n, args.paced_seconds, args.session_s,
                                                      tokens_in_flight=_IN_FLIGHT[args.tokens_in_flight]))
                 log.info("paced %s", report["B2_paced"][-1])
+                save()
                 gc.collect()
                 torch.cuda.empty_cache()
     if "b3" not in skip:
         report["B3"] = bench_b3(model, [1, 32], max(30, args.steps // 2))
+        save()
     if "b4" not in skip:
         ours = {1: report.get("B1", {}).get("median_ms")}
         for row in report.get("B2", []):
@@ -475,7 +484,7 @@ def main() -> int:
         del model
         torch.cuda.empty_cache()
         report["B4"] = bench_b4(Path(args.model), 10.0, [1, 8], ours)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    save()
     print(json.dumps(report, indent=1))
     return 0
 
