@@ -85,6 +85,9 @@ class StreamingConfig:
     right_pad_buffer_tokens: int = 10
     mel_frames_per_token: int = 8
     downsample_factor: int = 4
+    # the largest transcription delay served (the real model's published range ends at 2400 ms): the models' tables
+    # of delay scales (`VoxtralRealtime.prepare_for_inference`) hold the delays up to it, and a longer one is refused
+    max_delay_ms: int = 2400
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,14 @@ class ModelConfig:
         step = self.token_duration_ms
         if ms % step != 0:
             raise ConfigError(f"transcription_delay_ms must be a multiple of {step} ms, got {ms}")
+        if ms > self.streaming.max_delay_ms:
+            raise ConfigError(f"transcription_delay_ms must be at most {self.streaming.max_delay_ms} ms, got {ms}")
         return int(ms // step)
+
+    @property
+    def max_delay_tokens(self) -> int:
+        """The largest delay served, in tokens (`delay_tokens` refuses longer ones)."""
+        return self.streaming.max_delay_ms // self.token_duration_ms
 
     def prompt_length(self, delay_tokens: int) -> int:
         return 1 + self.streaming.n_left_pad_tokens + delay_tokens
@@ -196,7 +206,7 @@ def _validate(cfg: ModelConfig) -> None:
     _require_positive_float("audio.mel_fmax", a.mel_fmax)
     if a.n_fft < 2 * a.hop_length:
         raise ConfigError(f"audio.n_fft ({a.n_fft}) must be at least twice audio.hop_length ({a.hop_length})")
-    for name in ("default_delay_ms", "mel_frames_per_token", "downsample_factor"):
+    for name in ("default_delay_ms", "mel_frames_per_token", "downsample_factor", "max_delay_ms"):
         _require_positive_int(f"streaming.{name}", getattr(s, name))
     if isinstance(s.n_left_pad_tokens, bool) or not isinstance(s.n_left_pad_tokens, int) or s.n_left_pad_tokens < 0:
         raise ConfigError(f"streaming.n_left_pad_tokens must be >= 0, got {s.n_left_pad_tokens!r}")

@@ -461,12 +461,15 @@ class VoxtralRealtime(nn.Module):
                 m.fuse()
 
     @torch.no_grad()
-    def prepare_for_inference(self, max_delay_tokens: int = 30) -> None:
+    def prepare_for_inference(self, max_delay_tokens: int | None = None) -> None:
         """Fused projections, and the delay scales of every layer for every delay as one table.
 
         `ada_table[l, d]` = 1 + ada_l(t_cond(d)): sessions and engines index it instead of running
-        two small matmuls per layer per step.
+        two small matmuls per layer per step. It covers delays 0..max_delay_tokens (default: the config's largest
+        served delay, which `ModelConfig.delay_tokens` enforces).
         """
+        if max_delay_tokens is None:
+            max_delay_tokens = self.config.max_delay_tokens
         self.fuse_projections()
         delays = torch.arange(max_delay_tokens + 1, device=self.device)
         self.ada_table = torch.stack(self.language_model.ada_scales(self.t_cond(delays)))  # [L, D+1, H]

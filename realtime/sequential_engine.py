@@ -23,6 +23,7 @@ from .serving import (
     EventCallback,
     StreamDone,
     StreamError,
+    StreamEvent,
     StreamFailed,
     StreamToken,
 )
@@ -41,6 +42,13 @@ class _Stream:
     finish_requested: bool = False
     closed: bool = False
     done: bool = False
+    # held while an event is delivered; `close_stream` sets `closed` under it, so no event follows a close
+    notify_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    def notify(self, event: StreamEvent) -> None:
+        with self.notify_lock:
+            if not self.closed:
+                self.on_event(event)
 
 
 class SequentialEngine:
@@ -91,7 +99,7 @@ class SequentialEngine:
         return s
 
     def push_audio(self, stream_id: int, samples: np.ndarray) -> None:
-        arr = as_mono_float32(samples)
+        arr = as_mono_float32(samples, owned=True)  # kept until a step reads it: the caller may reuse its buffer
         with self._lock:
             s = self._get(stream_id)
             if s.finish_requested:
@@ -110,9 +118,10 @@ class SequentialEngine:
     def close_stream(self, stream_id: int) -> None:
         with self._lock:
             s = self._streams.pop(stream_id, None)
-            if s is not None:
-                s.closed = True
             self._stats.active_streams = len(self._streams)
+        if s is not None:
+            with s.notify_lock:  # outside the engine lock, which a callback may take
+                s.closed = True
 
     def pending_audio_seconds(self, stream_id: int) -> float:
         with self._lock:
@@ -171,11 +180,11 @@ class SequentialEngine:
                     s.done = True
             for ev in events:
                 if ev.token_id >= 0:
-                    s.on_event(StreamToken(sid, ev.token_id, ev.text, ev.position, ev.audio_end_ms))
+                    s.notify(StreamToken(sid, ev.token_id, ev.text, ev.position, ev.audio_end_ms))
                 elif ev.text:  # flushed bytes of an unfinished character at the end
-                    s.on_event(StreamToken(sid, -1, ev.text, ev.position, ev.audio_end_ms))
+                    s.notify(StreamToken(sid, -1, ev.text, ev.position, ev.audio_end_ms))
             if error is not None:
-                s.on_event(StreamFailed(sid, error))
+                s.notify(StreamFailed(sid, error))
             elif finish:
                 sess = s.session
-                s.on_event(StreamDone(sid, sess.text, len(sess.prompt), len(sess.generated), sess.ended_by_eos))
+                s.notify(StreamDone(sid, sess.text, len(sess.prompt), len(sess.generated), sess.ended_by_eos))

@@ -45,7 +45,7 @@ from websockets.exceptions import ConnectionClosed
 from realtime.serving import TranscriptionEngine
 
 from .engine_stream import EngineEvents, EngineStream
-from .events import ProtocolError, dumps, new_id
+from .events import UNPAIRED_SURROGATE, ProtocolError, dumps, has_unpaired_surrogate, new_id
 from .metrics import Metrics
 from .settings import ServerSettings
 
@@ -273,6 +273,16 @@ class Connection:
             return "stream_quota"
         return None
 
+    async def wait_for_stream_room(self) -> None:
+        """Until the dialect may open another engine stream (`backlogged` is false): one message can hold several
+        turns, and the receive loop checks the quota only between messages. Reading stays paused meanwhile, as it
+        does between messages; a closing or shutting-down session stops waiting."""
+        if not self.dialect.backlogged():
+            return
+        self.metrics.read_pauses.inc("stream_quota")
+        while not self._closing and not self._shutting_down and self.dialect.backlogged():
+            await asyncio.sleep(0.005)
+
     async def _wait_while_backpressured(self) -> None:
         cause = self._pause_cause()
         if cause is None:
@@ -330,6 +340,12 @@ class Connection:
             self.send_error(ProtocolError("invalid_event", "An event must be a JSON object with a `type`"))
             return
         client_event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+        # only `\\u` escapes spell unpaired surrogates (a UTF-8 text frame cannot hold one); audio appends have none
+        if "\\u" in message and has_unpaired_surrogate(event):
+            if client_event_id is not None and has_unpaired_surrogate(client_event_id):
+                client_event_id = None
+            self.send_error(ProtocolError("invalid_json", f"Invalid JSON: {UNPAIRED_SURROGATE}"), client_event_id)
+            return
         if self._undecided:
             self._undecided = False
             if is_openai_session_update(event):

@@ -96,9 +96,11 @@ class HttpRequestReader:
             return None
         if not lengths:
             return 0
-        if len(set(lengths)) != 1 or not lengths[0].strip().isdigit():
+        value = lengths[0].strip()
+        # isdigit() alone takes digits that int() refuses (superscripts such as '\xb2' in a latin-1 header)
+        if len(set(lengths)) != 1 or not (value.isascii() and value.isdigit()):
             raise HttpError(400, "bad_request", f"invalid Content-Length {', '.join(lengths)!r}")
-        n = int(lengths[0])
+        n = int(value)
         if n > self.max_body_bytes:
             raise HttpError(413, "request_too_large", _too_large(self.max_body_bytes))
         return n
@@ -131,12 +133,10 @@ class HttpRequestReader:
                     return None
                 size_text = bytes(self._buf[:end]).split(b";", 1)[0].strip()
                 del self._buf[: end + 2]
-                try:
-                    size = int(size_text, 16)
-                    if size < 0 or not size_text:
-                        raise ValueError
-                except ValueError:
-                    raise HttpError(400, "bad_request", f"invalid chunk size {size_text[:32]!r}") from None
+                # hex digits only: int(x, 16) would also take a sign, underscores and surrounding spaces
+                if not size_text or size_text.strip(b"0123456789abcdefABCDEF"):
+                    raise HttpError(400, "bad_request", f"invalid chunk size {size_text[:32]!r}")
+                size = int(size_text, 16)
                 if size == 0:
                     self._trailers = True
                     continue

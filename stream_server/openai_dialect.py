@@ -42,7 +42,7 @@ from realtime.serving import AdmissionError, StreamError
 
 from .codecs import PCM16_24K, AudioFormat, decode_base64, parse_openai_format
 from .engine_stream import SAMPLE_RATE, EngineStream, StreamOutcome, TokenUpdate
-from .events import ProtocolError, new_id, session_too_long
+from .events import ProtocolError, new_id, session_too_long, unsendable
 from .options import parse_delay_ms, parse_delay_name
 from .vad import SpeechAudio, SpeechStarted, SpeechStopped, TurnDetector, VadParams
 
@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 SERVER_ERROR_CODES = frozenset({"processing_error", "server_busy", "engine_stalled", "server_full",
                                 "server_shutting_down"})
 P_INPUT = "session.audio.input"
+NOISE_REDUCTION_TYPES = ("near_field", "far_field")  # OpenAI's values; echoed, never applied (the docstring)
 MAX_STREAMS = 2
 
 
@@ -237,10 +238,20 @@ class OpenAIDialect:
         if samples.size == 0:
             raise ProtocolError("invalid_audio", "Invalid audio data: the append holds no samples", param="audio")
         self.conn.count_audio(samples.size / self.config.format.rate)
-        await self._ingest(self._resampler.push(samples), time.monotonic())
+        arrival = time.monotonic()
+        if samples.size > self.config.format.rate and not self._resampler.identity:
+            # over a second of audio (a 1 MiB G.711 append holds 98 s): resampled on a worker thread, as the VAD
+            # is, so that the other sessions' events go on meanwhile; this session's next event waits for it
+            x = await self.conn.loop.run_in_executor(self.conn.ctx.vad_executor, self._resampler.push, samples)
+        else:
+            x = self._resampler.push(samples)
+        client_event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+        await self._ingest(x, arrival, client_event_id)
 
-    async def _ingest(self, x: np.ndarray, arrival: float) -> None:
-        """New 16 kHz session audio: into the current item (manual turns) or through the VAD."""
+    async def _ingest(self, x: np.ndarray, arrival: float, client_event_id: str | None = None) -> None:
+        """New 16 kHz session audio: into the current item (manual turns) or through the VAD. One append can
+        hold several VAD turns: each waits for room under the session's stream quota (MAX_STREAMS), and a turn
+        the engine refuses is reported on its own while the turns after it go on."""
         start = self.session_samples
         self.session_samples += x.size
         if x.size == 0:
@@ -253,25 +264,30 @@ class OpenAIDialect:
         # The VAD runs on a worker thread; this session's next event waits for it (the receive loop
         # awaits `handle`), so the detector cannot change meanwhile.
         events = await self.conn.loop.run_in_executor(self.conn.ctx.vad_executor, self._detector.feed, x)
+        refused = False  # this append's current turn could not open: its further audio is part of that error
         for ev in events:
-            if isinstance(ev, SpeechStarted):
-                item = self._open_item(ev.start_sample)
-                self._send({"type": "input_audio_buffer.speech_started", "audio_start_ms": _ms(ev.start_sample),
-                            "item_id": item.id})
-                self._push(item, ev.audio, arrival)
-            elif isinstance(ev, SpeechAudio):
-                if self.current is None:
-                    # the model ended the turn (end token) or it failed while speech goes on:
-                    # the rest of the speech is a new turn
+            try:
+                if isinstance(ev, SpeechStarted) or (isinstance(ev, SpeechAudio) and self.current is None
+                                                     and not refused):
+                    # a SpeechAudio with no item: the model ended the turn (end token) or it failed while speech
+                    # goes on, so the rest of the speech is a new turn
+                    await self.conn.wait_for_stream_room()
                     item = self._open_item(ev.start_sample)
+                    refused = False
                     self._send({"type": "input_audio_buffer.speech_started",
                                 "audio_start_ms": _ms(ev.start_sample), "item_id": item.id})
-                self._push(self.current, ev.audio, arrival)
-            elif isinstance(ev, SpeechStopped) and self.current is not None:
-                item = self.current
-                self._send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": _ms(ev.end_sample),
-                            "item_id": item.id})
-                self._commit_item(item)
+                if isinstance(ev, (SpeechStarted, SpeechAudio)) and self.current is not None:
+                    self._push(self.current, ev.audio, arrival)
+                elif isinstance(ev, SpeechStopped):
+                    refused = False
+                    if self.current is not None:
+                        item = self.current
+                        self._send({"type": "input_audio_buffer.speech_stopped",
+                                    "audio_end_ms": _ms(ev.end_sample), "item_id": item.id})
+                        self._commit_item(item)
+            except ProtocolError as err:  # this turn's error; the append's later turns still go on
+                refused = self.current is None
+                self.conn.send_error(err, client_event_id)
 
     def _push(self, item: Item, x: np.ndarray, arrival: float) -> None:
         try:
@@ -418,10 +434,16 @@ def parse_session(cfg: TranscriptionConfig, session: object, names: tuple[str, .
         cfg = replace(cfg, turn_detection=_parse_turn_detection(inp["turn_detection"]))
     if "noise_reduction" in inp:
         nr = inp["noise_reduction"]
-        if nr is not None and not isinstance(nr, dict):
-            raise ProtocolError("invalid_value", "noise_reduction must be an object or null",
-                                param=f"{P_INPUT}.noise_reduction")
+        if nr is not None and (not isinstance(nr, dict) or set(nr) - {"type"}
+                               or nr.get("type") not in NOISE_REDUCTION_TYPES):
+            raise ProtocolError("invalid_value", "noise_reduction must be null or {\"type\": \"near_field\" or "
+                                "\"far_field\"}", param=f"{P_INPUT}.noise_reduction")
         cfg = replace(cfg, noise_reduction=nr)
+    # what `session.updated` will echo must be sendable, or the update is rejected whole (fields are checked above;
+    # this is the guard for any value a check lets through)
+    why = unsendable(OpenAIDialect.session_object("sess_", cfg, 0))
+    if why is not None:
+        raise ProtocolError("invalid_value", f"The session cannot be echoed back: {why}", param="session")
     return cfg
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -114,6 +116,27 @@ def test_resampler_accuracy_and_streaming(rate):
     np.testing.assert_array_equal(np.concatenate(parts), whole)
 
 
+def test_resampler_blocks_do_not_change_samples_and_bound_memory(monkeypatch):
+    """The outputs are computed in blocks (`OUTPUT_BLOCK`): any block size gives the same samples, and one push of
+    a minute of 8 kHz audio (a large G.711 append) allocates a few MB of temporaries, not the gigabytes of doing
+    all its outputs at once."""
+    x = np.random.default_rng(5).standard_normal(8000 * 60).astype(np.float32) * 0.1
+    whole = resample(x, 8000, 16000)
+    monkeypatch.setattr(StreamingResampler, "OUTPUT_BLOCK", 7)
+    np.testing.assert_array_equal(resample(x, 8000, 16000), whole)
+    monkeypatch.undo()
+    tracemalloc.start()
+    try:
+        r = StreamingResampler(8000, 16000)
+        out = np.concatenate([r.push(x), r.flush()])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(out, whole)
+    # the input in float64 (3.8 MB), the buffer and the output, plus one block's temporaries
+    assert peak < 32e6, peak
+
+
 def test_resampler_removes_content_above_new_nyquist():
     rate = 48000
     t = np.arange(rate) / rate
@@ -139,6 +162,20 @@ def test_input_validation_errors():
         pcm16_to_float(b"\x00\x01\x02")
     assert as_mono_float32(np.zeros((1, 5))).shape == (5,)
     np.testing.assert_allclose(pcm16_to_float(np.array([-32768, 0, 16384], "<i2").tobytes()), [-1.0, 0.0, 0.5])
+    # half-precision tensors (bfloat16 has no numpy dtype) are converted; complex ones are an AudioError
+    half = torch.tensor([0.5, -0.25, 0.125])
+    for dt in (torch.bfloat16, torch.float16):
+        np.testing.assert_array_equal(as_mono_float32(half.to(dt)), [0.5, -0.25, 0.125])
+    with pytest.raises(AudioError, match="must hold numbers"):
+        as_mono_float32(torch.zeros(4, dtype=torch.complex64))
+    # `owned`: the result never shares memory with the caller's buffer (float32 arrays and CPU tensors alike)
+    buf, tensor = np.zeros(8, np.float32), torch.zeros(8)
+    assert np.shares_memory(as_mono_float32(buf), buf)  # the default may return the caller's array itself
+    for src in (buf, buf[None, :], tensor, tensor[None, :]):
+        out = as_mono_float32(src, owned=True)
+        src[..., 0] = 1.0
+        assert out[0] == 0.0
+        src[..., 0] = 0.0
 
 
 def test_load_audio_file_formats(tmp_path):

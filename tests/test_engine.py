@@ -380,6 +380,54 @@ def test_admission_refusal_and_release(tiny_ckpt):
     eng.open_stream(rec)  # the slot and its KV came back
 
 
+def test_client_mistakes_reach_only_their_own_stream(tiny_ckpt):
+    """Three client mistakes that once reached past their own stream:
+    - a delay beyond the largest served (2400 ms) is refused at `open_stream` (ConfigError); it was accepted, and the
+      join then failed on the delay-scale table for every stream joining in that step;
+    - a buffer reused after `push_audio` returns does not change what was pushed (the engine copies it; it kept a
+      reference, read at its next sync, so a later NaN also slipped past the check);
+    - no event reaches a client after its `close_stream` returns, even when the close lands inside a step."""
+    from realtime.config import ConfigError
+    from realtime.session import StreamingSession
+
+    path = tiny_ckpt(seed=0)
+    model, _ = load_model(path)
+    tok = load_tokenizer(path)
+    eng = BatchedEngine(model, tok, opts=RunnerOptions(max_streams=3, max_batch=3))
+    rec = Recorder()
+    with pytest.raises(ConfigError, match="at most 2400 ms"):
+        eng.open_stream(rec, delay_ms=2480)
+    with pytest.raises(ConfigError, match="at most 2400 ms"):
+        StreamingSession(model, tok, delay_ms=2480)
+    longest = eng.open_stream(rec, delay_ms=2400)
+    audio = synthetic_audio(1.5, seed=5)
+    reused = eng.open_stream(rec)
+    buf = np.empty(1600, np.float32)
+    for k in range(0, audio.size, 1600):
+        n = min(1600, audio.size - k)
+        buf[:n] = audio[k:k + n]
+        eng.push_audio(reused, buf[:n])
+        eng.push_audio(longest, buf[:n])
+        buf[:] = np.nan  # the client's buffer, refilled (or poisoned) before the engine's next sync
+    eng.finish_stream(reused)
+    eng.finish_stream(longest)
+    closing = eng.open_stream(rec)
+    eng.push_audio(closing, audio)
+    eng.finish_stream(closing)
+    live = eng._sync_with_clients()
+    while not rec.tokens(closing):  # the engine thread's loop, run here, until the stream has its first tokens
+        eng._run_step(live)
+        live = eng._sync_with_clients()
+    seen = len(rec.events[closing])
+    eng.close_stream(closing)  # lands mid-step: `live` predates it
+    eng._run_step(live)
+    drive(eng)
+    assert len(rec.events[closing]) == seen
+    assert rec.tokens(reused) == transcribe(model, tok, audio).token_ids
+    assert rec.tokens(longest) == transcribe(model, tok, audio, delay_ms=2400).token_ids
+    assert isinstance(rec.done(reused), StreamDone) and isinstance(rec.done(longest), StreamDone)
+
+
 def test_kv_memory_is_bounded_by_the_window(tiny_ckpt):
     path = tiny_ckpt(seed=0, small_windows=True)
     model, _ = load_model(path)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 import numpy as np
@@ -32,6 +35,8 @@ from websockets.exceptions import InvalidStatus
 from realtime.audio import resample
 from stream_server.client_secrets import ClientSecrets
 from stream_server.codecs import ALAW_TO_PCM16, ULAW_TO_PCM16
+from stream_server.openai_dialect import MAX_STREAMS
+from stream_server.vad import SpeechStarted, TurnDetector, VadParams
 
 SHORT = clip(0.5, seed=31)
 COMPLETED = "conversation.item.input_audio_transcription.completed"
@@ -95,6 +100,20 @@ def g711_encode(audio: np.ndarray, table: np.ndarray) -> bytes:
     return np.abs(x[:, None] - table[None, :].astype(np.float64)).argmin(axis=1).astype(np.uint8).tobytes()
 
 
+async def test_openai_long_append_is_resampled_off_the_loop_with_the_same_samples(start_server, reference):
+    """An append of over a second of 24 kHz audio is resampled on a worker thread (a 1 MiB append would otherwise
+    hold the event loop); the item is the same as with 100 ms appends, and the reference's."""
+    srv = start_server()
+    audio24 = np.clip(resample(clip(2.5, 32), 16000, 24000), -1, 1)
+    payload = pcm16(audio24)
+    seen16 = resample(np.frombuffer(payload, "<i2").astype(np.float32) / 32768.0, 24000, 16000)
+    async with await open_openai(srv.ws_url, session({"type": "audio/pcm", "rate": 24000})) as ws:
+        _, whole = await manual_item(ws, payload, chunk=len(payload))
+        _, chunked = await manual_item(ws, payload, chunk=4800)
+    assert whole["transcript"] == chunked["transcript"] == reference(seen16)
+    assert whole["audio_end_ms"] - whole["audio_start_ms"] == len(seen16) * 1000 // 16000
+
+
 @pytest.mark.parametrize("fmt,table", [("audio/pcmu", ULAW_TO_PCM16), ("audio/pcma", ALAW_TO_PCM16)])
 async def test_openai_g711(start_server, reference, fmt, table):
     srv = start_server()
@@ -140,6 +159,49 @@ async def test_openai_server_vad_turns(start_server, reference):
     for (s0, s1), start, stop in zip(((1000, 2200), (3700, 4700)), starts, stops):
         assert s0 - 332 <= start["audio_start_ms"] < s1
         assert start["audio_start_ms"] + 500 <= stop["audio_end_ms"] <= s1 + 532
+
+
+async def test_openai_one_append_of_many_turns_keeps_the_stream_quota(start_server, engine, reference):
+    """One append that holds several spoken turns (the VAD finds three in these five clips, as an offline detector
+    with the same parameters does): the session never holds more than MAX_STREAMS engine streams at once (what the
+    engine is sized for: 2 x --max-sessions). Each turn waits for room, and every turn is transcribed. Opening
+    them all at once took other sessions' engine capacity."""
+    srv = start_server()
+    sil = lambda s: np.zeros(int(s * 16000), np.float32)
+    audio = np.concatenate([np.concatenate([sil(1.0), clip(1.0, 30 + i), sil(1.0)]) for i in range(5)])
+    vad = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
+    offline = TurnDetector(VadParams(threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500)).feed(audio)
+    turns = sum(isinstance(e, SpeechStarted) for e in offline)
+    assert turns > MAX_STREAMS
+    peak, stop = [0], threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], engine.stats().active_streams)
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        async with await open_openai(srv.ws_url, session(turn_detection=vad)) as ws:
+            await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(pcm16(audio)), "event_id": "a1"})
+            events: list[dict[str, Any]] = []
+            while sum(e["type"] == "conversation.item.done" for e in events) < turns:
+                events.append(await recv_json(ws))
+                assert events[-1]["type"] != "error", events[-1]
+    finally:
+        stop.set()
+        watcher.join()
+    starts = [e for e in events if e["type"] == "input_audio_buffer.speech_started"]
+    stops = [e for e in events if e["type"] == "input_audio_buffer.speech_stopped"]
+    completed = [e for e in events if e["type"] == COMPLETED]
+    assert len(starts) == len(stops) == len(completed) == turns
+    assert 1 <= peak[0] <= MAX_STREAMS, peak[0]
+    done_by_item = {e["item_id"]: e for e in completed}  # turns flushing side by side may complete out of order
+    for start, stop_ev in zip(starts, stops):
+        assert start["item_id"] == stop_ev["item_id"]
+        seg = audio[start["audio_start_ms"] * 16: stop_ev["audio_end_ms"] * 16]
+        assert done_by_item[start["item_id"]]["transcript"] == reference(seg)
 
 
 async def test_openai_manual_commit_ends_vad_turn(start_server, reference):
@@ -207,6 +269,16 @@ BAD_OPENAI = {
     "realtime_session": (json.dumps({"type": "session.update", "event_id": "e1", "session": {"type": "realtime"}}),
                          "invalid_value", "session.type"),
     "binary_frame": (b"\x00\x01", "invalid_event", None),
+    # valid JSON, but the string holds an unpaired UTF-16 surrogate: no UTF-8 reply could carry it back
+    "lone_surrogate_prompt": ('{"type": "session.update", "event_id": "e1", "session": {"type": "transcription", '
+                              '"audio": {"input": {"transcription": {"prompt": "a\\ud800b"}}}}}', "invalid_json", None),
+    "lone_surrogate_type": ('{"type": "x\\udc00"}', "invalid_json", None),
+    "noise_reduction_nan": ('{"type": "session.update", "event_id": "e1", "session": {"type": "transcription", '
+                            '"audio": {"input": {"noise_reduction": {"type": NaN}}}}}', "invalid_value",
+                            "session.audio.input.noise_reduction"),
+    "noise_reduction_unknown": (json.dumps({"type": "session.update", "event_id": "e1", "session": {
+        "type": "transcription", "audio": {"input": {"noise_reduction": {"type": "studio"}}}}}),
+        "invalid_value", "session.audio.input.noise_reduction"),
 }
 
 
@@ -331,10 +403,21 @@ async def test_client_secrets_open_sessions_with_their_configuration(start_serve
     for kw, param in (({"expires_after": {"anchor": "created_at", "seconds": 5}}, "expires_after"),
                       ({"session": {"type": "realtime"}}, "session.type"),
                       ({"session": {"audio": {"input": {"transcription": {"model": "nope"}}}}},
-                       "session.audio.input.transcription.model")):
+                       "session.audio.input.transcription.model"),
+                      ({"session": {"audio": {"input": {"noise_reduction": {"type": "studio"}}}}},
+                       "session.audio.input.noise_reduction")):
         with pytest.raises(openai.BadRequestError) as bad_info:
             client.realtime.client_secrets.create(**kw)
         assert bad_info.value.body["param"] == param, bad_info.value.body
+    # a NaN (valid for Python's json.loads, not JSON) is refused here, not stored in a secret that then could not
+    # start a session; the SDK would not send one, so the request is raw
+    nan_body = b'{"session": {"audio": {"input": {"noise_reduction": {"type": NaN}}}}}'
+    request = urllib.request.Request(f"{srv.http_url}/v1/realtime/client_secrets", data=nan_body, method="POST",
+                                     headers={"Authorization": "Bearer sk-b", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as http_info:
+        urllib.request.urlopen(request, timeout=10)
+    assert http_info.value.code == 400
+    assert json.loads(http_info.value.read())["error"]["param"] == "session.audio.input.noise_reduction"
 
 
 

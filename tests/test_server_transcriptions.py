@@ -525,9 +525,18 @@ def test_request_reader_limits_and_chunks():
     assert info.value.status == 413
     for bad in (b"POST / HTTP/2\r\n\r\n", b"POST /\r\n\r\n", b"POST / HTTP/1.1\r\nNo colon\r\n\r\n",
                 b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", b"POST / HTTP/1.1\r\nContent-Length: 1\r\n"
-                b"Content-Length: 2\r\n\r\n", b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n"):
-        with pytest.raises(HttpError):
+                b"Content-Length: 2\r\n\r\n", b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+                # digits that str.isdigit() takes and int() refuses (superscript two; Arabic-Indic one)
+                b"POST / HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n",
+                "POST / HTTP/1.1\r\nContent-Length: \u0661\r\n\r\n".encode()):
+        with pytest.raises(HttpError) as info:
             HttpRequestReader(max_body_bytes=100).feed(bad)
+        assert info.value.status in (400, 501), bad
+    # chunk sizes are hex digits only: int(x, 16) alone would take a sign, underscores or spaces inside
+    for size in (b"+5", b"-0", b"0_5", b"5 5", b"", b"0x5", b"\xb2"):
+        with pytest.raises(HttpError) as info:
+            HttpRequestReader(max_body_bytes=100).feed(head + size + b"\r\nhello\r\n0\r\n\r\n")
+        assert info.value.status == 400 and info.value.code == "bad_request", size
     with pytest.raises(HttpError) as info:
         HttpRequestReader(max_body_bytes=100).feed(b"POST / HTTP/1.1\r\n" + b"X: y\r\n" * 6000)
     assert info.value.status == 431

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import sys
 
 import numpy as np
@@ -20,7 +21,7 @@ from stream_server.codecs import (
     parse_openai_format,
     ulaw_to_float,
 )
-from stream_server.events import ProtocolError
+from stream_server.events import ProtocolError, dumps, has_unpaired_surrogate, unsendable
 from stream_server.metrics import Counter, Histogram, Metrics
 from stream_server.options import parse_delay_ms, parse_delay_name
 from realtime.timestamps import TokenClock, Word, WordTracker
@@ -322,3 +323,21 @@ def test_engine_events_keep_order_wake_the_loop_once_per_burst_and_isolate_failu
     loop.close()
     events.put(got.append, 101)  # the loop is gone: dropped, no exception
     assert got[-1] == 100
+
+
+def test_events_that_no_utf8_frame_could_carry():
+    """A JSON `\\ud800` escape parses to an unpaired surrogate, which UTF-8 cannot encode: the checks name it, and
+    `dumps` writes such a string escaped (valid JSON that parses back to the same value) instead of handing the
+    socket text it cannot encode; NaN is named too. Paired escapes (an emoji) are ordinary text."""
+    lone = json.loads('{"type": "a\\ud800b", "x": ["\\udfff"]}')
+    assert has_unpaired_surrogate(lone) and has_unpaired_surrogate(lone["x"])
+    assert "surrogate" in unsendable(lone)
+    assert unsendable({"v": float("nan")}) == "NaN and Infinity are not JSON values"
+    pair = json.loads('{"type": "\\ud83d\\ude00 \u00e9"}')
+    assert not has_unpaired_surrogate(pair) and unsendable(pair) is None
+    assert dumps(pair) == '{"type":"\U0001F600 \u00e9"}'  # non-ASCII text stays unescaped
+    text = dumps(lone)
+    text.encode("utf-8")  # sendable
+    assert json.loads(text) == lone
+    with pytest.raises(ValueError):
+        dumps({"v": float("inf")})

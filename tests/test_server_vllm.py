@@ -220,6 +220,9 @@ BAD_INPUTS = {
                   None),
     "nan_delay": (f'{{"type": "session.update", "model": "{MODEL}", "transcription_delay_ms": NaN}}',
                   "invalid_value", None),
+    # an unpaired surrogate escape in a string the error would echo back (the model name, the event type)
+    "lone_surrogate_model": ('{"type": "session.update", "model": "m\\ud800"}', "invalid_json", None),
+    "lone_surrogate_type": ('{"type": "\\udfff"}', "invalid_json", None),
 }
 
 

@@ -178,7 +178,7 @@ class BatchedEngine:
         return ctl
 
     def push_audio(self, stream_id: int, samples: np.ndarray) -> None:
-        arr = as_mono_float32(samples)
+        arr = as_mono_float32(samples, owned=True)  # kept until a step reads it: the caller may reuse its buffer
         with self._lock:
             s = self._control(stream_id).stream
             if s.finish_in_inbox or s.finish_requested:
@@ -199,8 +199,15 @@ class BatchedEngine:
     def close_stream(self, stream_id: int) -> None:
         with self._lock:
             ctl = self._controls.get(stream_id)
-            if ctl is not None:
-                ctl.closed = True
+        if ctl is None:
+            return
+        # first (never holding the engine lock, which a callback may take): an event being delivered finishes, and
+        # none follows, even from the step running now
+        with ctl.stream.notify_lock:
+            ctl.stream.client_closed = True
+        with self._lock:
+            ctl.closed = True
+            if stream_id in self._controls:
                 self._dirty.add(stream_id)
                 self._wake.notify_all()
 
@@ -440,11 +447,15 @@ class BatchedEngine:
 
     @staticmethod
     def _notify(s: EngineStream, event: StreamEvent) -> None:
-        """One event to its stream's client; a callback that raises loses that event (logged), nothing else."""
-        try:
-            s.on_event(event)
-        except Exception:  # a client's callback: its failure is its own
-            logger.exception("event callback of stream %d failed", s.stream_id)
+        """One event to its stream's client, unless the client closed it; a callback that raises loses that event
+        (logged), nothing else."""
+        with s.notify_lock:
+            if s.client_closed:
+                return
+            try:
+                s.on_event(event)
+            except Exception:  # a client's callback: its failure is its own
+                logger.exception("event callback of stream %d failed", s.stream_id)
 
     def _end_stream(self, s: EngineStream) -> None:
         self._send_tokens()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -33,6 +34,10 @@ class EngineStream:
     truncated: bool = False  # ended because it reached max_tokens
     done: bool = False
     closed: bool = False  # its client closed it: events still unsent are not sent (`BatchedEngine._send_tokens`)
+    # set by `close_stream` on the client's thread at once (`closed` waits for the engine's next sync), under
+    # `notify_lock`, which each event's delivery holds: no event reaches the client after its close returns
+    client_closed: bool = False
+    notify_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     # audio pushed by the client and not yet handed to the mel front-end (filled under the engine lock)
     inbox: deque = field(default_factory=deque)
     inbox_samples: int = 0
