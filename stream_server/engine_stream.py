@@ -56,8 +56,13 @@ class StreamOutcome:
     arrival: float
     error: str | None = None  # set when the engine failed the stream
     # the stream reached the engine's maximum session length (`--max-session-seconds`): the transcript covers the
-    # audio up to `audio_end_ms` only, and the rest of what was sent was not transcribed (dialects say so)
+    # audio up to `audio_end_ms` only (dialects say so)
     truncated: bool = False
+    # audio sent to the stream after `audio_end_ms`, which its transcript does not cover: the stream ended early (the
+    # model's end token, or the maximum length). Empty otherwise. Dialects hand it to the next item or utterance
+    rest: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    rest_arrival: float = 0.0  # monotonic arrival of the rest's first sample
+    ended_by_eos: bool = False
 
     def final_words(self) -> tuple[list[Word], bool]:
         """(words for the final event, truncated). Every word, unless there are more than
@@ -75,6 +80,30 @@ class StreamOutcome:
         if truncated:
             fields["words_truncated"] = True
         return fields
+
+
+@dataclass
+class _Undecided:
+    """The samples sent after the transcript's decided end (the end of the frame its last token closed): what a
+    stream that ends early leaves untranscribed. The model's look-ahead (its delay) and any backlog, so a few
+    seconds at most; samples before the decided end are let go as tokens arrive."""
+
+    chunks: deque = field(default_factory=deque)  # (first sample index, samples, arrival)
+    decided: int = 0  # samples covered by the transcript
+
+    def add(self, start: int, samples: np.ndarray, arrival: float) -> None:
+        self.chunks.append((start, samples, arrival))
+
+    def decide(self, sample: int) -> None:
+        self.decided = max(self.decided, sample)
+        while self.chunks and self.chunks[0][0] + self.chunks[0][1].size <= self.decided:
+            self.chunks.popleft()
+
+    def rest(self) -> tuple[np.ndarray, float]:
+        """(the samples after the decided end, the arrival of the first of them)."""
+        parts = [s[max(0, self.decided - start):] for start, s, _ in self.chunks]
+        arrival = self.chunks[0][2] if self.chunks else 0.0
+        return (np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)), arrival
 
 
 @dataclass
@@ -158,6 +187,7 @@ class EngineStream:
         self.closed = False
         self.last_progress = time.monotonic()
         self._arrivals = _Arrivals()
+        self._undecided = _Undecided()
         self._finish_time = 0.0
         self._words = WordTracker()
         self._seen_ms = 0  # audio_end_ms only moves forward (a flushed tail token may report less)
@@ -175,9 +205,11 @@ class EngineStream:
         if samples.size == 0:
             return
         self.engine.push_audio(self.stream_id, samples)
+        arrival = time.monotonic() if arrival is None else arrival
+        self._undecided.add(self.samples, samples, arrival)
         self.samples += samples.size
         self.last_progress = time.monotonic()  # the stall clock runs from the latest work handed over
-        self._arrivals.add(self.samples, time.monotonic() if arrival is None else arrival)
+        self._arrivals.add(self.samples, arrival)
 
     def finish(self) -> None:
         if self.finished or self.closed:
@@ -224,11 +256,16 @@ class EngineStream:
         elif isinstance(ev, StreamDone):
             tail = self._words.flush()
             self.close()  # the engine keeps a finished stream until it is closed
-            # a truncated stream's transcript ends where the model stopped, not at the end of the audio sent
-            end_ms = min(self._seen_ms, self.audio_ms) if ev.truncated else self.audio_ms
+            end_ms, rest, rest_arrival = self.audio_ms, np.zeros(0, np.float32), 0.0
+            if ev.truncated or ev.ended_by_eos:
+                # the transcript ends at the frame its last token closed (the model's look-ahead beyond it was
+                # seen, not transcribed); what was sent after that goes back to the dialect
+                rest, rest_arrival = self._undecided.rest()
+                end_ms = min(self._undecided.decided, self.samples) * 1000 // SAMPLE_RATE
             self._on_end(StreamOutcome(ev.text, ev.prompt_tokens, ev.completion_tokens, self._words.words, tail,
                                        self.offset_ms, self.offset_ms + end_ms, self._finish_time,
-                                       truncated=ev.truncated))
+                                       truncated=ev.truncated, rest=rest, rest_arrival=rest_arrival,
+                                       ended_by_eos=ev.ended_by_eos))
         elif isinstance(ev, StreamFailed):
             self.close()
             self._on_end(StreamOutcome("", 0, 0, self._words.words, [], self.offset_ms,
@@ -241,6 +278,7 @@ class EngineStream:
         self._seen_ms = max(self._seen_ms, ev.audio_end_ms)
         seen = min(self._seen_ms, total)
         start, end = self.clock.frame_ms(ev.position)
+        self._undecided.decide(max(end, 0) * SAMPLE_RATE // 1000)
         start, end = min(max(start, 0), total), min(max(end, 0), total)
         words = self._words.push(ev.text, self.offset_ms + start, self.offset_ms + end) if ev.text else []
         default = self._finish_time if self.finished else time.monotonic()

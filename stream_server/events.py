@@ -22,12 +22,12 @@ class ProtocolError(Exception):
         self.detail = detail  # extra explanation where the message must stay exactly the reference's
 
 
-def session_too_long(out_audio_end_ms: int) -> ProtocolError:
-    """The error both dialects send when the engine ended a stream at its maximum session length."""
+def session_too_long(out_audio_end_ms: int, then: str) -> ProtocolError:
+    """The error both dialects send when the engine ended a stream at its maximum session length; `then` says what
+    happens to the audio after its end in this dialect."""
     return ProtocolError(
         "session_too_long", f"This utterance reached the server's maximum length (--max-session-seconds): its "
-        f"transcript ends at {out_audio_end_ms} ms, and its audio after that which reached the server before this "
-        "event was not transcribed. Audio appended from now on waits for a commit, which starts a new utterance")
+        f"transcript ends at {out_audio_end_ms} ms. {then}")
 
 
 def new_id(prefix: str, nbytes: int = 12) -> str:

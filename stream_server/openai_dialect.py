@@ -77,6 +77,7 @@ class Item:
     start_sample: int
     committed: bool = False
     previous_item_id: str | None = None
+    ended_by_model: bool = False  # committed at the model's end token, not by the client or the VAD
 
 
 def _ms(samples: int) -> int:
@@ -295,7 +296,7 @@ class OpenAIDialect:
         except (StreamError, AudioError) as exc:
             raise ProtocolError("invalid_audio", f"Invalid audio data: {exc}", param="audio") from None
 
-    def _open_item(self, start_sample: int) -> Item:
+    def _open_item(self, start_sample: int, *, current: bool = True) -> Item:
         item_id = new_id("item_")
         try:
             stream = EngineStream(self.conn.engine, self.conn.engine_events, delay_ms=self.config.delay_ms,
@@ -309,7 +310,8 @@ class OpenAIDialect:
         item = Item(item_id, stream, start_sample)
         self.conn.usage.turns += 1
         self.items[item_id] = item
-        self.current = item
+        if current:
+            self.current = item
         return item
 
     async def _commit(self) -> None:
@@ -332,7 +334,8 @@ class OpenAIDialect:
     def _commit_item(self, item: Item) -> None:
         item.stream.finish()  # a no-op when the engine already ended the stream
         item.committed = True
-        self.current = None
+        if self.current is item:
+            self.current = None
         item.previous_item_id, self.last_item_id = self.last_item_id, item.id
         self._send({"type": "input_audio_buffer.committed", "previous_item_id": item.previous_item_id,
                     "item_id": item.id})
@@ -363,6 +366,7 @@ class OpenAIDialect:
             # The model says the speech ended: end the turn here; later audio starts a new one. (The
             # VAD may be running on a worker thread now, so it is not touched: `_ingest` opens the
             # next turn when speech audio comes with no current item.)
+            item.ended_by_model = True
             self._commit_item(item)
         if not up.text:
             return
@@ -374,7 +378,8 @@ class OpenAIDialect:
         item = self.items.pop(item_id, None)
         if item is None:
             return
-        if self.current is item:  # ended before its turn did: later audio starts a new item
+        was_current = self.current is item
+        if was_current:  # ended before its turn did: later audio starts a new item
             self.current = None
             if out.error is None:
                 self._commit_item(item)  # an engine that ends a stream at its end token: commit it now
@@ -387,7 +392,7 @@ class OpenAIDialect:
                                                       "param": None}})
             return
         if out.truncated:  # before the final event: clients that stop reading there still see it
-            self.conn.send_error(session_too_long(out.audio_end_ms))
+            self.conn.send_error(session_too_long(out.audio_end_ms, "The audio after that point starts a new item."))
         self._send({
             "type": "conversation.item.input_audio_transcription.completed",
             "item_id": item_id,
@@ -400,6 +405,32 @@ class OpenAIDialect:
         })
         self._send({"type": "conversation.item.done", "previous_item_id": item.previous_item_id,
                     "item": self._item_json(item, out.text)})
+        if out.rest.size:
+            # the turn goes on in the next item unless the client (or the VAD) had ended it, or a later item runs
+            self._continue_turn(item, out, self.current is None and (was_current or item.ended_by_model))
+
+    def _continue_turn(self, ended: Item, out: StreamOutcome, goes_on: bool) -> None:
+        """The audio an item's stream was sent after its transcript ended (the model's end token, or the maximum
+        length) is transcribed in a new item: the current one, which later audio joins, if its turn `goes_on`;
+        else an item of its own, committed at once."""
+        start = ended.start_sample + ended.stream.samples - out.rest.size
+        try:
+            item = self._open_item(start, current=goes_on)
+        except ProtocolError as err:  # the engine is full: this audio is not transcribed, and the error says so
+            self.conn.send_error(err)
+            return
+        if self._detector is not None:
+            self._send({"type": "input_audio_buffer.speech_started", "audio_start_ms": _ms(start),
+                        "item_id": item.id})
+        try:
+            self._push(item, out.rest, out.rest_arrival)
+        except ProtocolError as err:
+            self.conn.send_error(err)
+        if not goes_on:
+            if self._detector is not None:
+                self._send({"type": "input_audio_buffer.speech_stopped",
+                            "audio_end_ms": _ms(start + out.rest.size), "item_id": item.id})
+            self._commit_item(item)
 
 
 def parse_session(cfg: TranscriptionConfig, session: object, names: tuple[str, ...]) -> TranscriptionConfig:

@@ -12,8 +12,10 @@ something, we say so explicitly instead (each with its own error code; the sessi
   commit is kept for that utterance (as in vLLM).
 * Audio waiting for a commit is bounded (`max_buffered_audio_s`) -> `buffer_full` past it.
 * Binary frames -> `invalid_event` (vLLM closes the socket).
-* Audio appended after the model emitted its end token in the running utterance ->
-  `utterance_ended` (once per utterance): that audio is not transcribed.
+* An utterance the engine ends early (the model's end token, or the maximum session length) -> an
+  error first (`utterance_ended` or `session_too_long`), then `transcription.done`, whose `audio_end_ms`
+  is where its transcript ends. The audio sent after that point is kept, with audio appended from now
+  on, for the next utterance (the next commit), as audio appended after `done` always is.
 * Where vLLM's message is fixed ("Invalid audio data"), the reason is in an extra `detail` field.
 
 Extras (ignored by vLLM's clients, which read only the fields they know): each
@@ -53,6 +55,9 @@ MODEL_NOT_VALIDATED = "Model not validated. Make sure to validate the model by s
 
 class VllmDialect:
     name = "vllm"
+    AUDIO_AFTER_THE_END = ("The audio sent after that point is kept, with audio appended from now on, for the next "
+                           "utterance: send input_audio_buffer.commit to start it (a final commit now gets "
+                           "no_active_utterance once transcription.done has come)")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -149,12 +154,13 @@ class VllmDialect:
         self.conn.count_audio(samples.size / SAMPLE_RATE)
         u = self.utterance
         if u is not None and not u.finished and u.eos_seen:
+            # the model ended this utterance: later audio waits for the next one, as after its `done`
+            self._buffer_append(samples, now)
             if not self._eos_reported:
                 self._eos_reported = True
-                raise ProtocolError(
-                    "utterance_ended", "The model ended this utterance (end-of-speech token); audio appended to it "
-                    "from now on is not transcribed. Send the final commit, then commit to start a new utterance")
-            return  # reported once per utterance (the error above says that all later audio is affected)
+                raise ProtocolError("utterance_ended", f"The model ended this utterance (end-of-speech token). "
+                                    f"{self.AUDIO_AFTER_THE_END}")
+            return  # reported once per utterance
         if u is not None and not u.finished:
             try:
                 u.push(samples, now)
@@ -165,12 +171,15 @@ class VllmDialect:
             raise ProtocolError(
                 "audio_after_final", "Audio appended after the final commit is not part of the finishing utterance "
                 "and was discarded; wait for transcription.done, then commit to start a new utterance")
+        self._buffer_append(samples, now)
+
+    def _buffer_append(self, samples: np.ndarray, arrival: float) -> None:
         limit = int(self.conn.settings.max_buffered_audio_s * SAMPLE_RATE)
         if self._buffer_samples + samples.size > limit:
             raise ProtocolError(
                 "buffer_full", f"More than {self.conn.settings.max_buffered_audio_s:g} s of audio is waiting for a "
                 "commit; this append was not buffered. Send input_audio_buffer.commit to start an utterance")
-        self._buffer.append((samples, now))
+        self._buffer.append((samples, arrival))
         self._buffer_samples += samples.size
 
     def _commit(self, event: dict[str, Any]) -> None:
@@ -225,8 +234,17 @@ class VllmDialect:
         if out.error is not None:
             self.conn.send_error(ProtocolError("processing_error", f"Transcription failed: {out.error}"))
             return
-        if out.truncated:  # before the final event: clients that stop reading there still see it
-            self.conn.send_error(session_too_long(out.audio_end_ms))
+        if out.rest.size:  # first in line for the next utterance (audio buffered meanwhile came after it)
+            self._buffer.insert(0, (out.rest, out.rest_arrival))
+            self._buffer_samples += out.rest.size
+        # errors before the final event: clients that stop reading there still see them
+        if out.truncated:
+            self.conn.send_error(session_too_long(out.audio_end_ms, self.AUDIO_AFTER_THE_END))
+        elif out.rest.size and not self._eos_reported:
+            self._eos_reported = True
+            self.conn.send_error(ProtocolError(
+                "utterance_ended", f"The model ended this utterance (end-of-speech token): its transcript ends at "
+                f"{out.audio_end_ms} ms. {self.AUDIO_AFTER_THE_END}"))
         self.conn.send({
             "type": "transcription.done",
             "text": out.text,

@@ -616,6 +616,69 @@ async def test_end_token_mid_stream_is_explicit(start_server, engine):
             "conversation.item.input_audio_transcription.completed")
 
 
+def first_stream_ends_at_its_end_token(eng, after: int = 5):
+    """`eng` (a batched engine) makes its first stream's `after`-th generated token the end token, so that the
+    engine really ends that stream early (`EosEngine` only relabels a token while the engine decodes on)."""
+    record, eos, first = eng._record_token, eng.config.tokens.eos, []
+
+    def patched(s, tok):
+        first[:] = first or [s.stream_id]
+        if s.stream_id == first[0] and len(s.tokens) - s.prompt_len + 1 == after:
+            tok = eos
+        record(s, tok)
+
+    eng._record_token = patched
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "openai"])
+async def test_audio_after_an_early_end_token_is_transcribed_next(ckpt, start_server, reference, dialect):
+    """The model ends a stream early (its end token) while audio the client sent after that point is in flight:
+    the final event's `audio_end_ms` is where the transcript ends (not the audio sent), and the rest is not dropped.
+    vLLM: an `utterance_ended` error says so, and the rest waits for the next commit; OpenAI: the rest goes on in a
+    new item, which the client's commit ends. Either way the next transcript is the reference's for the rest."""
+    eng = build_engine("batched", str(ckpt), model_name=MODEL, max_streams=4)
+    first_stream_ends_at_its_end_token(eng)
+    eng.start()
+    audio = clip(3.0, seed=47)
+    try:
+        srv = start_server(engine_override=eng)
+        if dialect == "vllm":
+            ws = await open_vllm(srv.ws_url)
+            await send_utterance_vllm(ws, audio)
+            events = await recv_until(ws, {"transcription.done"})
+            first = events[-1]
+            assert [e["code"] for e in events if e["type"] == "error"] == ["utterance_ended"]
+            assert f"ends at {first['audio_end_ms']} ms" in next(e for e in events if e["type"] == "error")["error"]
+            await send_json(ws, {"type": "input_audio_buffer.commit"})  # the rest is the next utterance
+            await send_json(ws, {"type": "input_audio_buffer.commit", "final": True})
+            events = await recv_until(ws, {"transcription.done"})
+            second = events[-1]
+            # the client's first final commit came after the end token's `done` or before it (a race): if after, it
+            # found no utterance to end, and said so
+            assert [e["code"] for e in events if e["type"] == "error"] in ([], ["no_active_utterance"])
+            rest_start = first["audio_end_ms"]
+            assert second["audio_end_ms"] == 3000 - rest_start  # vLLM's times count from the utterance's start
+        else:
+            ws = await open_openai(srv.ws_url, session(turn_detection=None))
+            await send_json(ws, {"type": "input_audio_buffer.append", "audio": b64(pcm16(audio))})
+            first = (await recv_until(ws, {"conversation.item.input_audio_transcription.completed"}))[-1]
+            await send_json(ws, {"type": "input_audio_buffer.commit"})
+            events = await recv_until(ws, {"conversation.item.input_audio_transcription.completed", "error"})
+            second = events[-1]
+            assert second["type"] == "conversation.item.input_audio_transcription.completed", second
+            rest_start = first["audio_end_ms"]
+            assert second["audio_start_ms"] == rest_start and second["audio_end_ms"] == 3000
+        await ws.close()
+        assert 0 < rest_start < 3000  # the transcript ended early, at a frame's end
+        assert rest_start % 80 == 0
+        key = "text" if dialect == "vllm" else "transcript"
+        assert reference(audio).startswith(first[key])  # the first tokens, up to the forced end
+        assert second[key] == reference(audio[rest_start * 16:])
+        assert wait_no_streams(eng) == 0
+    finally:
+        eng.stop()
+
+
 async def test_engine_stall_is_reported_not_silent(start_server, engine):
     stalled = StalledEngine(engine)
     srv = start_server(engine_override=stalled, engine_stall_timeout_s=0.5)
@@ -644,6 +707,11 @@ async def test_max_session_length_is_reported_not_silent(ckpt, start_server, ref
         done, errors = events[-1], [e for e in events if e["type"] == "error"]
         assert 0 < done["audio_end_ms"] < 10_000 and [e["code"] for e in errors] == ["session_too_long"]
         assert f"ends at {done['audio_end_ms']} ms" in errors[0]["error"]
+        # the transcript ends at the frame its last token closed: the model had seen one delay (480 ms) beyond it,
+        # which is kept for the next utterance, not claimed by this one
+        last_delta = [e for e in events if e["type"] == "transcription.delta"][-1]
+        assert last_delta["audio_end_ms"] - done["audio_end_ms"] == 480
+        assert "kept" in errors[0]["error"]
         assert reference(long).startswith(done["text"])
         await send_json(ws, {"type": "session.update", "model": MODEL})  # the session goes on
         assert (await recv_until(ws, {"session.updated"}))[-1]["type"] == "session.updated"
