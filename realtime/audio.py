@@ -15,6 +15,7 @@ import functools
 import logging
 import math
 import re
+import threading
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -314,6 +315,9 @@ class StreamingResampler:
     """
 
     OUTPUT_BLOCK = 1024  # outputs computed together (see _emit)
+    # filter coefficients at most (16 MB): every common rate needs under 50,000 and 16,001 Hz 1.1 M; an odd rate near
+    # 384 kHz (its ratio to 16 kHz in lowest terms has 16,000 phases) would need 26 M, with gigabytes of temporaries
+    MAX_TABLE = 1 << 21
 
     def __init__(self, in_rate: int, out_rate: int, zero_crossings: int = 32, rolloff: float = 0.945,
                  beta: float = 8.6) -> None:
@@ -326,6 +330,9 @@ class StreamingResampler:
         cutoff = min(1.0, self.up / self.down) * rolloff  # fraction of the input Nyquist
         self.half_taps = int(math.ceil(zero_crossings / cutoff))
         taps = 2 * self.half_taps
+        if self.up * taps > self.MAX_TABLE:  # one row of taps per output phase
+            raise AudioError(f"resampling {in_rate} Hz to {out_rate} Hz is not supported: its filter would hold "
+                             f"{self.up * taps * 8 / 2**20:.0f} MB (use a common sample rate)")
         # table[phase, j] weights input sample base - half_taps + 1 + j for output phase `phase`
         j = np.arange(taps) - self.half_taps + 1
         phases = np.arange(self.up) / self.up  # fractional position of the output inside [base, base+1)
@@ -410,6 +417,7 @@ class AudioTooLong(AudioError):
 
 
 DECODE_BLOCK_FRAMES = 1 << 16  # frames decoded at a time: memory peaks at the 16 kHz mono result, not the source's
+MIN_FILE_RATE, MAX_FILE_RATE = 1000, 384_000  # sample rates a file may state (telephony to studio)
 
 
 def load_audio_file(path: str | Path, target_rate: int = 16000, *, max_seconds: float | None = None) -> np.ndarray:
@@ -422,17 +430,19 @@ def load_audio_file(path: str | Path, target_rate: int = 16000, *, max_seconds: 
 
 
 def decode_audio_bytes(data: bytes, target_rate: int = 16000, *, name: str = "the upload",
-                       max_seconds: float | None = None) -> np.ndarray:
+                       max_seconds: float | None = None, cancelled: threading.Event | None = None) -> np.ndarray:
     """`load_audio_file` for a file's bytes held in memory (an HTTP upload); AudioError names `name`. A few MB of
-    compressed silence can hold days of audio: `max_seconds` stops the decoding there (AudioTooLong)."""
+    compressed silence can hold days of audio: `max_seconds` stops the decoding there (AudioTooLong). Setting
+    `cancelled` (from another thread) stops it at the next block (AudioError)."""
     import io
 
     if not data:
         raise AudioError(f"{name}: the file is empty")
-    return _read_sound(io.BytesIO(data), name, target_rate, max_seconds)
+    return _read_sound(io.BytesIO(data), name, target_rate, max_seconds, cancelled)
 
 
-def _read_sound(source: object, name: str, target_rate: int, max_seconds: float | None = None) -> np.ndarray:
+def _read_sound(source: object, name: str, target_rate: int, max_seconds: float | None = None,
+                cancelled: threading.Event | None = None) -> np.ndarray:
     import soundfile as sf
 
     try:
@@ -446,20 +456,28 @@ def _read_sound(source: object, name: str, target_rate: int, max_seconds: float 
         ) from exc
     if info.format not in SUPPORTED_FILE_FORMATS:
         raise AudioError(f"{name}: format {info.format} is not supported (use {', '.join(SUPPORTED_FILE_FORMATS)})")
+    if not MIN_FILE_RATE <= info.samplerate <= MAX_FILE_RATE:  # a header can claim any rate
+        raise AudioError(f"{name}: a sample rate of {info.samplerate} Hz is not supported "
+                         f"({MIN_FILE_RATE}-{MAX_FILE_RATE} Hz)")
     limit = None if max_seconds is None else int(max_seconds * target_rate)
 
     def too_long() -> AudioTooLong:
         return AudioTooLong(f"{name}: longer than the {max_seconds:g} s of audio accepted")
 
-    if limit is not None and info.frames / max(info.samplerate, 1) > max_seconds * 1.01:  # the header's length
+    # the header's length, where it states one (libsndfile reports 2**63 - 1 frames for a stream of unknown length,
+    # such as a FLAC written to a pipe: then the decoding below counts)
+    if limit is not None and info.frames < 2**62 and info.frames / info.samplerate > max_seconds * 1.01:
         raise too_long()
     # block by block (mixed and resampled as they come: the streaming resampler gives the same samples in any
     # chunking), so that memory holds the 16 kHz mono result and one block, never the whole source
     resampler = StreamingResampler(info.samplerate, target_rate) if info.samplerate != target_rate else None
     pieces: list[np.ndarray] = []
-    total = 0
+    total = frames = 0
     try:
         for block in sf.blocks(source, blocksize=DECODE_BLOCK_FRAMES, dtype="float32", always_2d=True):
+            if cancelled is not None and cancelled.is_set():
+                raise AudioError(f"{name}: decoding cancelled")
+            frames += block.shape[0]
             mono = block.mean(axis=1) if block.shape[1] > 1 else block[:, 0]
             mono = as_mono_float32(mono, what=name)
             piece = resampler.push(mono) if resampler is not None else mono.copy()
@@ -471,7 +489,7 @@ def _read_sound(source: object, name: str, target_rate: int, max_seconds: float 
         raise
     except Exception as exc:  # a header that reads but a body that does not (truncated files)
         raise AudioError(f"{name}: the audio could not be decoded: {exc}") from exc
-    if total == 0:
+    if frames == 0:
         raise AudioError(f"{name}: the file holds no audio samples")
     if resampler is not None:
         pieces.append(resampler.flush())

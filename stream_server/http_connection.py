@@ -99,6 +99,9 @@ HttpHandler = Callable[[HttpRequest, HttpReply, "HttpAwareConnection"], Awaitabl
 HeadCheck = Callable[[HttpRequest, "HttpAwareConnection"], "HttpError | None"]
 CLOSE_FLUSH_S = 30.0  # how long a finished reply may take to drain to a slow client before the connection is cut
 LINGER_S, LINGER_IDLE_S = 2.0, 0.5  # after an early error, how long the rest of a body is read and dropped
+# a request body must arrive within BODY_GRACE_S plus its size at MIN_BODY_RATE (bytes/s, 128 kbit/s): a client that
+# drips its body a byte at a time would otherwise hold its buffered megabytes, and its upload slot, indefinitely
+BODY_GRACE_S, MIN_BODY_RATE = 30.0, 16 * 1024
 
 
 class HttpAwareConnection(ServerConnection):
@@ -120,6 +123,8 @@ class HttpAwareConnection(ServerConnection):
         self._request_done: asyncio.Future[HttpRequest | None] = self.loop.create_future()
         self._continue_sent = False
         self._read_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None  # the whole body's deadline (BODY_GRACE_S, MIN_BODY_RATE)
+        self.receiving_body = False  # the head passed its checks and the body is still arriving
         self.http_task: asyncio.Task[None] | None = None
         self.client_left = False  # the client closed the connection while its request ran
         self.response_headers: dict[str, str] = {}  # added to every response (set by the head check: CORS)
@@ -162,7 +167,7 @@ class HttpAwareConnection(ServerConnection):
         return super().eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_read_timer()
+        self._reading_ended()
         if not self._mode_known.done():
             self._mode_known.set_result(None)
         if not self._request_done.done():
@@ -256,15 +261,29 @@ class HttpAwareConnection(ServerConnection):
             if err is not None:
                 self._fail_read(err)
                 return
+            if request is None:  # a body to wait for: at the least rate a client may send it (a drip holds memory)
+                self.receiving_body = True
+                self._body_timer = self.loop.call_later(self._body_deadline(self._reader.head), self._body_too_slow)
         if self._reader.expects_continue and not self._continue_sent and request is None:
             self._continue_sent = True
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if request is not None:
-            self._cancel_read_timer()
+            self._reading_ended()
             self._request_done.set_result(request)
 
+    def _body_deadline(self, head: HttpRequest) -> float:
+        length = head.header("content-length")
+        size = int(length) if length is not None and length.strip().isascii() and length.strip().isdigit() else (
+            self._reader.max_body_bytes)
+        return BODY_GRACE_S + size / MIN_BODY_RATE
+
+    def _body_too_slow(self) -> None:
+        self._body_timer = None
+        self._fail_read(HttpError(408, "request_timeout", f"the request body arrived slower than "
+                                  f"{MIN_BODY_RATE // 1024} KB/s on average (after {BODY_GRACE_S:g} s of grace)"))
+
     def _fail_read(self, err: HttpError) -> None:
-        self._cancel_read_timer()
+        self._reading_ended()
         self._reader.error = err
         if not self._request_done.done():
             self._request_done.set_result(None)
@@ -277,6 +296,14 @@ class HttpAwareConnection(ServerConnection):
         if self._read_timer is not None:
             self._read_timer.cancel()
             self._read_timer = None
+
+    def _reading_ended(self) -> None:
+        """The request's reading ended (complete, failed or timed out): its timers stop."""
+        self._cancel_read_timer()
+        self.receiving_body = False
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
 
     def _read_timed_out(self) -> None:
         self._read_timer = None

@@ -27,15 +27,25 @@ class FormPart:
             raise HttpError(400, "invalid_value", f"form field {self.name!r} is not UTF-8 text") from None
 
 
+MAX_PARAMS = 32  # parameters of one header value (a form part or the body's type uses two or three)
+MAX_PARTS = 64  # form fields (a transcription request has about ten)
+
+
 def _params(value: str) -> tuple[str, dict[str, str]]:
-    """A header value's main value (lower-cased) and its parameters (unquoted; RFC 2231 forms decoded)."""
+    """A header value's main value (lower-cased) and its parameters (unquoted; RFC 2231 forms decoded), parsed
+    once: asking `email.message` for each parameter by name re-parses the whole value every time, so a few KB of
+    parameters held the event loop for seconds."""
+    if value.count(";") > MAX_PARAMS:
+        raise HttpError(400, "bad_request", f"a header value has more than {MAX_PARAMS} parameters")
     msg = Message()
     msg["x"] = value
     params = msg.get_params(header="x") or []
     if not params:
         return "", {}
-    values = {k.lower(): msg.get_param(k, header="x") for k, _ in params[1:]}
-    return params[0][0].lower(), {k: collapse_rfc2231_value(v) for k, v in values.items()}  # type: ignore[arg-type]
+    values: dict[str, str] = {}
+    for k, v in params[1:]:
+        values.setdefault(k.lower(), collapse_rfc2231_value(v))  # type: ignore[arg-type]  # the first, as get_param
+    return params[0][0].lower(), values
 
 
 def boundary_of(content_type: str | None) -> bytes:
@@ -75,6 +85,8 @@ def parse_form(content_type: str | None, body: bytes) -> list[FormPart]:
         disposition, params = _params(headers.get("content-disposition", ""))
         if disposition != "form-data" or not params.get("name"):
             raise HttpError(400, "bad_request", "a multipart part lacks Content-Disposition: form-data; name=...")
+        if len(parts) == MAX_PARTS:
+            raise HttpError(400, "bad_request", f"the form has more than {MAX_PARTS} fields")
         parts.append(FormPart(params["name"], body[data_start:nxt], params.get("filename"),
                               headers.get("content-type")))
         pos = nxt + 2 + len(delim)

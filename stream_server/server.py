@@ -65,6 +65,9 @@ class StreamServer:
                                  ThreadPoolExecutor(max_workers=2, thread_name_prefix="vad"))
         self.active: set[Connection] = set()
         self.http_jobs: set[HttpAwareConnection] = set()  # file transcriptions running (they count as sessions)
+        # uploads whose head passed and whose body is still arriving: they hold an upload slot too, so that bodies in
+        # flight (up to --max-upload-mb each, in memory) are bounded by --max-uploads like running ones
+        self.http_receiving: set[HttpAwareConnection] = set()
         self.client_secrets = ClientSecrets(settings.api_keys)
         self._sessions_of: Counter[str] = Counter()  # open sessions per client (`_client_of`)
         self._load = LoadAdmission(settings.max_step_ms)  # --max-step-ms: the measured and the foreseen step
@@ -316,6 +319,8 @@ class StreamServer:
         refusal = self._http_refusal(self._http_client(request, conn))
         if refusal is not None:
             self.metrics.rejected.inc(refusal.code)
+        else:
+            self.http_receiving.add(conn)
         return refusal
 
     def _http_refusal(self, client: str) -> HttpError | None:
@@ -325,7 +330,9 @@ class StreamServer:
         if self._sessions_open() >= self.settings.max_sessions:
             return HttpError(503, "server_full", f"The server is full ({self.settings.max_sessions} sessions and "
                              "transcriptions); try again later")
-        if len(self.http_jobs) >= self.settings.max_uploads:
+        # a body that stopped arriving (its connection closed or its request failed) gives its slot back here
+        self.http_receiving = {c for c in self.http_receiving if not c.transport.is_closing() and c.receiving_body}
+        if len(self.http_jobs) + len(self.http_receiving) >= self.settings.max_uploads:
             return HttpError(503, "server_busy", f"All {self.settings.max_uploads} upload slots are in use "
                              "(--max-uploads); try again shortly")
         quota = self.settings.max_sessions_per_client
@@ -383,6 +390,7 @@ class StreamServer:
                                       "Access-Control-Max-Age": "600"})
             return
         client = self._http_client(request, conn)
+        self.http_receiving.discard(conn)  # its body is here: from now on it counts among the running uploads
         refusal = self._http_refusal(client)  # again: the body took time to arrive
         if refusal is not None:
             self.metrics.rejected.inc(refusal.code)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -279,9 +280,19 @@ async def serve_transcription(content_type: str | None, body: bytes, reply: Http
     reports them in the stream (`HttpReply.fail`)."""
     req = parse_request(parse_form(content_type, body), served)
     name = req.file.filename or "file"
+    cancelled = threading.Event()
+    decoding = asyncio.ensure_future(asyncio.to_thread(decode_audio_bytes, req.file.data, SAMPLE_RATE, name=name,
+                                                       max_seconds=max_seconds, cancelled=cancelled))
     try:
-        audio = await asyncio.to_thread(decode_audio_bytes, req.file.data, SAMPLE_RATE, name=name,
-                                        max_seconds=max_seconds)
+        audio = await asyncio.shield(decoding)
+    except asyncio.CancelledError:
+        # the client left: a thread cannot be interrupted, so the decoding is told to stop at its next block, and
+        # this upload keeps its place under --max-uploads until it has (abandoned uploads once piled up there)
+        cancelled.set()
+        await asyncio.wait({decoding})
+        if not decoding.cancelled():
+            decoding.exception()  # retrieved: it is the cancellation's, not news
+        raise
     except AudioTooLong as exc:
         raise HttpError(413, "audio_too_long", f"{exc} (--max-upload-minutes)") from None
     except AudioError as exc:

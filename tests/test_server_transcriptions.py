@@ -38,9 +38,10 @@ from test_server_common import (  # noqa: F401  (fixtures)
 )
 from websockets.asyncio.client import connect
 
-from realtime.audio import decode_audio_bytes
+from realtime.audio import AudioError, AudioTooLong, decode_audio_bytes
 from realtime.subtitles import format_srt, format_vtt, subtitle_cues
 from realtime.timestamps import Word
+from stream_server import http_connection
 from stream_server.app import build_parser, settings_from_args
 from stream_server.multipart import parse_form
 from stream_server.http_requests import HttpError, HttpRequestReader
@@ -540,6 +541,72 @@ def test_request_reader_limits_and_chunks():
     with pytest.raises(HttpError) as info:
         HttpRequestReader(max_body_bytes=100).feed(b"POST / HTTP/1.1\r\n" + b"X: y\r\n" * 6000)
     assert info.value.status == 431
+
+
+def test_form_and_file_limits_refuse_cheaply():
+    """Inputs that once cost the event loop seconds or the process gigabytes get a quick 400 instead: thousands of
+    header parameters (each was re-parsed per parameter: quadratic), thousands of form parts, a header claiming an
+    absurd sample rate (its resampler would have needed gigabytes). A short file at another rate is not "empty",
+    and a file whose header states no length (a FLAC written to a pipe) is not "too long"."""
+    _, body = multipart([("file", b"x", "a.wav")])
+    start = time.monotonic()
+    for ctype, form in (("multipart/form-data; boundary=b0undary" + "; a=b" * 1500, body),
+                        ("multipart/form-data; boundary=b0undary", b"--b0undary\r\nContent-Disposition: form-data; "
+                         b"name=x" + b"; a=b" * 1500 + b"\r\n\r\nv\r\n--b0undary--\r\n"),
+                        (*multipart([("model", "m", None)] * 5000),)):
+        with pytest.raises(HttpError) as info:
+            parse_form(ctype, form)
+        assert info.value.status == 400 and ("parameters" in info.value.message or "fields" in info.value.message)
+    assert time.monotonic() - start < 2.0
+    # 64 fields still parse, and a few parameters are read as before (quoted, RFC 2231)
+    assert len(parse_form(*multipart([("model", "m", None)] * 64))) == 64
+    part = parse_form("multipart/form-data; boundary=q", b"--q\r\nContent-Disposition: form-data; name=f; "
+                      b"filename*=UTF-8''%E2%82%AC.wav\r\n\r\nd\r\n--q--\r\n")[0]
+    assert (part.name, part.filename, part.data) == ("f", "\u20ac.wav", b"d")
+    wav = bytearray(wav_bytes(np.zeros(100, np.float32), rate=8000))
+    wav[24:28] = (1_000_003).to_bytes(4, "little")  # the fmt chunk's sample rate
+    with pytest.raises(AudioError, match="1000003 Hz is not supported"):
+        decode_audio_bytes(bytes(wav), 16000, name="odd.wav")
+    assert decode_audio_bytes(wav_bytes(np.zeros(100, np.float32), rate=8000), 16000).size == 200
+    flac = bytearray(wav_bytes(np.zeros(16000, np.float32), fmt="FLAC", subtype=None))
+    flac[8 + 13] &= 0xF0  # STREAMINFO's total-samples field (36 bits) set to 0: "unknown"
+    flac[8 + 14: 8 + 18] = b"\0\0\0\0"
+    try:
+        assert decode_audio_bytes(bytes(flac), 16000, max_seconds=60).size == 16000
+    except AudioTooLong:
+        pytest.fail("a file of unknown length was called too long")
+    except AudioError as exc:  # libsndfile may not read such a stream from memory: then it is said so
+        assert "could not be decoded" in str(exc)
+    cancelled = threading.Event()
+    cancelled.set()
+    with pytest.raises(AudioError, match="cancelled"):
+        decode_audio_bytes(wav_bytes(clip(1.0, seed=3)), 16000, cancelled=cancelled)
+
+
+def test_bodies_in_flight_hold_an_upload_slot_and_must_keep_arriving(start_server, monkeypatch):
+    """A body still arriving holds one of the --max-uploads slots (its megabytes are in memory already), and it must
+    arrive at a least average rate: a client that drips it gets 408, and its slot comes back."""
+    monkeypatch.setattr(http_connection, "BODY_GRACE_S", 1.0)
+    srv = start_server(max_uploads=1)
+    ctype, body = multipart([("file", wav_bytes(clip(1.0, seed=7)), "t.wav")])
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as dripping:
+        dripping.sendall(post_head(srv.port, ctype, len(body)) + body[:1000])
+        time.sleep(0.3)
+        status, _, reply = raw_request(srv.port, post_head(srv.port, ctype, len(body)), body)
+        assert status == 503 and b"upload slots" in reply  # the dripping body holds the only slot
+        deadline = time.monotonic() + 30
+        data = b""
+        while time.monotonic() < deadline and b"\r\n\r\n" not in data:
+            dripping.sendall(b"x")  # a byte now and then: the read timeout alone never fires
+            time.sleep(0.2)
+            dripping.settimeout(0.05)
+            try:
+                data += dripping.recv(4096)
+            except TimeoutError:
+                pass
+        assert parse_response(data)[0] == 408 and b"slower than" in data
+    status, _, _ = raw_request(srv.port, post_head(srv.port, ctype, len(body)), body)
+    assert status == 200  # the slot came back
 
 
 def test_trimmed_deltas_add_up_to_the_stripped_text():
