@@ -71,7 +71,7 @@ class ClientSecrets:
         fault. `key_index`: the API key the request carried (None with auth off)."""
         try:
             req = json.loads(body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ProtocolError("invalid_json", "the body must be a JSON object") from None
         if not isinstance(req, dict):
             raise ProtocolError("invalid_json", "the body must be a JSON object")
@@ -101,7 +101,9 @@ class ClientSecrets:
         if not value or not value.startswith(PREFIX) or len(value) > MAX_SECRET_CHARS:
             return None
         payload, _, mac = value[len(PREFIX):].partition(".")
-        if not payload or not hmac.compare_digest(mac, self._mac(payload)):
+        if not payload or not (payload + mac).isascii():  # a real secret is base64 text; compare_digest needs ASCII
+            return None
+        if not hmac.compare_digest(mac, self._mac(payload)):
             return None
         try:
             body = json.loads(_unb64(payload))

@@ -108,8 +108,12 @@ class HttpAwareConnection(ServerConnection):
     """See the module docstring. Made by `serve(create_connection=...)` through `connection_factory`."""
 
     def __init__(self, *args: Any, http_handler: HttpHandler, head_check: HeadCheck, max_body_bytes: int,
-                 open_timeout: float, read_timeout: float, **kwargs: Any) -> None:
+                 open_timeout: float, read_timeout: float, registry: set[HttpAwareConnection] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._registry = registry  # the server's open connections, for its shutdown (`abort_read`)
+        if registry is not None:
+            registry.add(self)
         self._http_handler = http_handler
         self._head_check = head_check
         self._head_checked = False
@@ -167,6 +171,8 @@ class HttpAwareConnection(ServerConnection):
         return super().eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._registry is not None:
+            self._registry.discard(self)
         self._reading_ended()
         if not self._mode_known.done():
             self._mode_known.set_result(None)
@@ -202,7 +208,8 @@ class HttpAwareConnection(ServerConnection):
                 if not self.client_left:
                     reply.fail(503, "server_shutting_down", "The server stopped before the request was finished")
             except Exception:
-                logger.exception("%s %s failed", request.method, request.target)
+                # the path only: a query may carry ?api_key=
+                logger.exception("%s %s failed", request.method, request.target.partition("?")[0])
                 reply.fail(500, "internal_error", "The server failed to process the request; see its log")
             finally:
                 self.http_task = None
@@ -227,6 +234,19 @@ class HttpAwareConnection(ServerConnection):
             except TimeoutError:
                 return
 
+    def abort_read(self, err: HttpError) -> None:
+        """Server shutdown: a request still arriving is answered `err` if its head is in (a body in flight), and a
+        connection that has sent no whole request yet is closed; a websocket or a request being served is left to
+        the server's other shutdown steps. Without this, a client dripping its bytes held the shutdown open."""
+        transport = getattr(self, "transport", None)  # none before the connection is made
+        if self._mode == "http" and not self._request_done.done():
+            if self._reader.head is not None:
+                self._fail_read(err)
+            elif transport is not None:
+                transport.close()
+        elif self._mode is None and transport is not None:
+            transport.close()
+
     def abort_http(self) -> None:
         """Stop this connection's HTTP request now (server shutdown): it is answered 503 and closed."""
         if self.http_task is not None and not self.http_task.done():
@@ -245,7 +265,8 @@ class HttpAwareConnection(ServerConnection):
             except HttpError:
                 pass
             return
-        self._arm_read_timer()
+        if self._reader.head is not None:  # the body's bytes each restart the idle timer; the head's do not: it
+            self._arm_read_timer()          # must arrive whole within one read timeout (a byte-drip held it open)
         try:
             request = self._reader.feed(data)
         except HttpError as err:
@@ -311,12 +332,14 @@ class HttpAwareConnection(ServerConnection):
 
 
 def connection_factory(http_handler: HttpHandler, head_check: HeadCheck, *, max_body_bytes: int,
-                       open_timeout: float, read_timeout: float) -> Callable[..., HttpAwareConnection]:
-    """`create_connection` for websockets' `serve`: its connections also route HTTP uploads to `http_handler`."""
+                       open_timeout: float, read_timeout: float, registry: set[HttpAwareConnection] | None = None
+                       ) -> Callable[..., HttpAwareConnection]:
+    """`create_connection` for websockets' `serve`: its connections also route HTTP uploads to `http_handler`; each
+    open one is in `registry` (given)."""
 
     def create(*args: Any, **kwargs: Any) -> HttpAwareConnection:
         return HttpAwareConnection(*args, http_handler=http_handler, head_check=head_check,
                                    max_body_bytes=max_body_bytes, open_timeout=open_timeout,
-                                   read_timeout=read_timeout, **kwargs)
+                                   read_timeout=read_timeout, registry=registry, **kwargs)
 
     return create

@@ -68,6 +68,7 @@ class StreamServer:
         # uploads whose head passed and whose body is still arriving: they hold an upload slot too, so that bodies in
         # flight (up to --max-upload-mb each, in memory) are bounded by --max-uploads like running ones
         self.http_receiving: set[HttpAwareConnection] = set()
+        self.connections: set[HttpAwareConnection] = set()  # every open connection (websocket or HTTP)
         self.client_secrets = ClientSecrets(settings.api_keys)
         self._sessions_of: Counter[str] = Counter()  # open sessions per client (`_client_of`)
         self._load = LoadAdmission(settings.max_step_ms)  # --max-step-ms: the measured and the foreseen step
@@ -107,7 +108,8 @@ class StreamServer:
             # handshake timeout, since the library's would cut off a long transcription
             create_connection=connection_factory(self._handle_http, self._check_http_head,
                                                  max_body_bytes=s.max_upload_bytes, open_timeout=HANDSHAKE_TIMEOUT_S,
-                                                 read_timeout=min(s.idle_timeout_s, UPLOAD_READ_TIMEOUT_S)),
+                                                 read_timeout=min(s.idle_timeout_s, UPLOAD_READ_TIMEOUT_S),
+                                                 registry=self.connections),
             open_timeout=None,
             process_request=self._process_request,
             select_subprotocol=self._select_subprotocol,
@@ -139,6 +141,8 @@ class StreamServer:
             self._lag_task.cancel()
         for conn in list(self.http_jobs):
             conn.abort_http()  # answered 503 and closed; their engine streams are closed
+        for conn in list(self.connections):  # requests still arriving: 503, or closed if not one whole yet
+            conn.abort_read(HttpError(503, "server_shutting_down", "The server is shutting down"))
         if self._server is not None:
             self._server.close(close_connections=True)  # 1001 going away to every session
             await self._server.wait_closed()
@@ -254,7 +258,8 @@ class StreamServer:
                                "at capacity")
             return
         grant = self._grant(ws.request) if ws.request is not None else None
-        conn = Connection(ws, self.ctx, query, client, grant.session if grant is not None else None)
+        # a client secret opens an OpenAI transcription session, with its configuration or the defaults ({})
+        conn = Connection(ws, self.ctx, query, client, None if grant is None else (grant.session or {}))
         self.active.add(conn)
         self._sessions_of[client] += 1
         self.metrics.sessions_active.set(len(self.active))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import threading
 import time
 import urllib.error
@@ -418,6 +419,33 @@ async def test_client_secrets_open_sessions_with_their_configuration(start_serve
         urllib.request.urlopen(request, timeout=10)
     assert http_info.value.code == 400
     assert json.loads(http_info.value.read())["error"]["param"] == "session.audio.input.noise_reduction"
+
+
+async def test_client_secret_edge_cases(start_server, caplog):
+    """A secret made without a `session` opens an OpenAI session with the defaults (it opened a vLLM one); a
+    malformed secret with non-ASCII characters is a 401 (it was a 500, or a dropped websocket with auth off); a body
+    nested too deeply is a 400, and no request's API key reaches the log."""
+    srv = start_server(api_keys=("sk-secret-key-123",))
+    made = openai.OpenAI(base_url=f"{srv.http_url}/v1", api_key="sk-secret-key-123",
+                         max_retries=0).realtime.client_secrets.create()
+    async with connect(srv.ws_url, subprotocols=["realtime", f"openai-insecure-api-key.{made.value}"]) as ws:
+        created = await recv_json(ws)
+        assert created["type"] == "session.created" and created["session"]["type"] == "transcription"
+        await send_json(ws, {"type": "input_audio_buffer.commit"})
+        err = await recv_json(ws)
+        assert err["type"] == "error" and err["error"]["code"] == "input_audio_buffer_commit_empty"  # OpenAI's shape
+    for query in ("?api_key=ek_%C3%A9.x", "?api_key=ek_abc.%C3%A9"):
+        with pytest.raises(InvalidStatus) as status:
+            async with connect(srv.ws_url + query):
+                pass
+        assert status.value.response.status_code == 401, query
+    with caplog.at_level(logging.DEBUG):
+        deep = urllib.request.Request(f"{srv.http_url}/v1/realtime/client_secrets?api_key=sk-secret-key-123",
+                                      data=b"[" * 200_000, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(deep, timeout=10)
+        assert info.value.code == 400 and json.loads(info.value.read())["error"]["code"] == "invalid_json"
+    assert "sk-secret-key-123" not in caplog.text
 
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -154,6 +155,39 @@ async def test_an_engine_that_never_finishes_does_not_hold_the_shutdown(start_se
     assert err["code"] == "server_shutting_down" and "1 transcription(s) could not be finished" in err["error"]
     assert await closed_code(ws) == 1001
     assert not stalled.pending  # the session's stream was closed
+
+
+async def test_requests_still_arriving_do_not_hold_the_shutdown(start_server):
+    """An upload whose body is still arriving (fast enough for the body deadline) is answered 503, and a
+    connection that has sent half a request head is closed: the shutdown waited for both as long as they dripped
+    (a head's bytes also restarted its read timeout, so a drip kept it open forever)."""
+    srv = start_server(drain_timeout_s=0.2, shutdown_flush_s=0.5)
+    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b"
+            f"\r\nContent-Length: 2000000\r\n\r\n").encode()
+    body_drip, head_drip = socket.create_connection(("127.0.0.1", srv.port)), socket.create_connection(
+        ("127.0.0.1", srv.port))
+    try:
+        body_drip.sendall(head + b"--b\r\n")
+        head_drip.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n")
+        await asyncio.sleep(0.3)
+        t0 = time.monotonic()
+        done = asyncio.wrap_future(srv.shut_down())
+        while not done.done() and time.monotonic() - t0 < 20:
+            for s in (body_drip, head_drip):
+                try:
+                    s.sendall(b"x")
+                except OSError:  # closed by the server
+                    pass
+            await asyncio.sleep(0.1)
+        assert done.done() and time.monotonic() - t0 < 10
+        body_drip.settimeout(5)
+        reply = body_drip.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 503") and b"server_shutting_down" in reply
+        head_drip.settimeout(5)
+        assert head_drip.recv(4096) == b""  # closed without a reply: no request had arrived
+    finally:
+        body_drip.close()
+        head_drip.close()
 
 
 async def test_server_vad_turn_in_speech_is_finished_and_silence_is_not_a_turn(start_server, reference):

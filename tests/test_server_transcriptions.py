@@ -321,6 +321,24 @@ def test_slow_upload_times_out(start_server):
     status, _, out = raw_request(srv.port, post_head(srv.port, ctype, 1000), b"--b0und", timeout=10)
     assert status == 408 and json.loads(out)["error"]["code"] == "request_timeout"
     assert time.monotonic() - t0 < 5
+    # a head dripped a byte at a time must still arrive within one read timeout (each byte restarted it)
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        data = b""
+        for byte in post_head(srv.port, ctype, 1000):
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:
+                break
+            time.sleep(0.1)
+            s.settimeout(0.01)
+            try:
+                data += s.recv(4096)
+            except TimeoutError:
+                continue
+            if data:
+                break
+    assert parse_response(data)[0] == 408 and time.monotonic() - t0 < 5
 
 
 def test_api_key_is_checked_before_the_body(start_server, reference):
