@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import itertools
 import json
 import logging
 import random
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -95,6 +96,32 @@ def post_head(port: int, content_type: str, length: int | None, extra: str = "",
     size = f"Content-Length: {length}\r\n" if length is not None else "Transfer-Encoding: chunked\r\n"
     return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {content_type}\r\n{size}{extra}"
             "\r\n").encode()
+
+
+def drip_until_answered(s: socket.socket, pieces: Iterable[bytes], pause: float) -> bytes:
+    """Send `pieces` one at a time, `pause` apart, until the server answers (a whole response head) or closes;
+    returns what it sent."""
+    data = b""
+    for piece in pieces:
+        try:
+            s.sendall(piece)
+        except OSError:  # closed by the server: its answer is in the socket
+            break
+        time.sleep(pause)
+        s.settimeout(0.01)
+        try:
+            data += s.recv(4096)
+        except TimeoutError:
+            continue
+        if b"\r\n\r\n" in data:
+            return data
+    s.settimeout(5)
+    try:
+        while chunk := s.recv(4096):
+            data += chunk
+    except OSError:
+        pass
+    return data
 
 
 @contextlib.contextmanager
@@ -324,20 +351,7 @@ def test_slow_upload_times_out(start_server):
     # a head dripped a byte at a time must still arrive within one read timeout (each byte restarted it)
     t0 = time.monotonic()
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
-        data = b""
-        for byte in post_head(srv.port, ctype, 1000):
-            try:
-                s.sendall(bytes([byte]))
-            except OSError:
-                break
-            time.sleep(0.1)
-            s.settimeout(0.01)
-            try:
-                data += s.recv(4096)
-            except TimeoutError:
-                continue
-            if data:
-                break
+        data = drip_until_answered(s, (bytes([b]) for b in post_head(srv.port, ctype, 1000)), pause=0.1)
     assert parse_response(data)[0] == 408 and time.monotonic() - t0 < 5
 
 
@@ -612,16 +626,8 @@ def test_bodies_in_flight_hold_an_upload_slot_and_must_keep_arriving(start_serve
         time.sleep(0.3)
         status, _, reply = raw_request(srv.port, post_head(srv.port, ctype, len(body)), body)
         assert status == 503 and b"upload slots" in reply  # the dripping body holds the only slot
-        deadline = time.monotonic() + 30
-        data = b""
-        while time.monotonic() < deadline and b"\r\n\r\n" not in data:
-            dripping.sendall(b"x")  # a byte now and then: the read timeout alone never fires
-            time.sleep(0.2)
-            dripping.settimeout(0.05)
-            try:
-                data += dripping.recv(4096)
-            except TimeoutError:
-                pass
+        # a byte now and then: the read timeout alone never fires
+        data = drip_until_answered(dripping, itertools.repeat(b"x", 150), pause=0.2)
         assert parse_response(data)[0] == 408 and b"slower than" in data
     status, _, _ = raw_request(srv.port, post_head(srv.port, ctype, len(body)), body)
     assert status == 200  # the slot came back
