@@ -112,6 +112,9 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--encoder-chunk must be 1..{MAX_LOOKAHEAD_CHUNK}, got {args.encoder_chunk}")
     if str(args.device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: this machine has no CUDA device (use --device cpu)")
+    for flag, path in (("--srt", args.srt), ("--words", args.words)):  # before the decoding, not after it
+        if path is not None and not Path(path).parent.is_dir():
+            raise ValueError(f"{flag} {path}: its folder does not exist")
     if args.reference and (args.drafter not in (None, "none") or args.k is not None or args.tree_nodes is not None
                            or args.progress or args.encoder_chunk is not None or args.max_verify_rows is not None):
         raise ValueError("--reference decodes one file at a time in the streaming session: it takes no --drafter, "
@@ -222,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     except (AudioError, ConfigError, CheckpointError, TokenizerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing was transcribed", file=sys.stderr)
+        return 130
     if len(args.files) == 1:
         print(results[0].text.strip())
     else:
@@ -232,10 +238,14 @@ def main(argv: list[str] | None = None) -> int:
         clock = TokenClock(cfg.streaming.n_left_pad_tokens, cfg.delay_tokens(args.delay_ms), cfg.token_duration_ms)
         audio_ms = audio.size * 1000 // cfg.audio.sampling_rate
         words = words_of_tokens(((ev.position, ev.text) for ev in result.events), clock, audio_ms)
-        if args.words is not None:
-            args.words.write_text(json.dumps([w.to_json() for w in words], indent=1), encoding="utf-8")
-        if args.srt is not None:
-            args.srt.write_text(to_srt(words), encoding="utf-8")
+        try:
+            if args.words is not None:
+                args.words.write_text(json.dumps([w.to_json() for w in words], indent=1), encoding="utf-8")
+            if args.srt is not None:
+                args.srt.write_text(to_srt(words), encoding="utf-8")
+        except OSError as exc:  # the transcript is printed above; the files are what failed
+            print(f"error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+            return 1
     return 1 if errors else 0
 
 

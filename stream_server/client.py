@@ -175,9 +175,8 @@ async def transcribe_live(opts: ClientOptions, chunks: AsyncIterator[bytes], out
         return code
 
     def finish(words: list[dict[str, Any]]) -> int:
-        if opts.srt is not None:
-            cues = write_srt(opts.srt, words)
-            print(f"streamscribe: {cues} subtitle(s) written to {opts.srt}", file=err)
+        if opts.srt is not None and not srt_written(opts.srt, words, err):
+            return 1
         return 1 if errors else 0
 
     try:
@@ -269,9 +268,26 @@ async def transcribe_live(opts: ClientOptions, chunks: AsyncIterator[bytes], out
     except websockets.InvalidStatus as exc:
         print(f"streamscribe: the server refused the connection: HTTP {exc.response.status_code} "
               f"{exc.response.body.decode(errors='replace').strip() if exc.response.body else ''}", file=err)
-    except (OSError, websockets.InvalidHandshake, websockets.ConnectionClosedError, TimeoutError) as exc:
+    except websockets.ConnectionClosed as exc:  # a normal close (1000, 1001) too, before the final transcript
+        print(f"streamscribe: the server closed the connection ({exc.rcvd.code if exc.rcvd else 'no close frame'}"
+              f"{': ' + exc.rcvd.reason if exc.rcvd and exc.rcvd.reason else ''}) before the final transcript",
+              file=err)
+    except json.JSONDecodeError as exc:
+        print(f"streamscribe: the server sent something that is not a JSON event: {exc}", file=err)
+    except (OSError, websockets.InvalidHandshake, TimeoutError) as exc:
         print(f"streamscribe: connection to {opts.url} failed: {exc}", file=err)
     return 1
+
+
+def srt_written(path: Path, words: list[dict[str, Any]], err: TextIO) -> bool:
+    """`--srt`: the subtitles written and said so, or why not (the transcript itself is already out)."""
+    try:
+        cues = write_srt(path, words)
+    except OSError as exc:
+        print(f"streamscribe: cannot write subtitles to {path}: {exc.strerror or exc}", file=err)
+        return False
+    print(f"streamscribe: {cues} subtitle(s) written to {path}", file=err)
+    return True
 
 
 def upload_main(args: argparse.Namespace, api_key: str | None, out: TextIO, err: TextIO) -> int:
@@ -294,6 +310,9 @@ def upload_main(args: argparse.Namespace, api_key: str | None, out: TextIO, err:
     try:
         result = upload_file(args.url, path, model=args.model, api_key=api_key, stream=True, delay_ms=args.delay_ms,
                              ca_file=args.ca_file, on_event=on_event)
+    except KeyboardInterrupt:
+        print("\nstreamscribe: interrupted; the upload was abandoned", file=err)
+        return 130
     except UploadError as exc:
         print(f"\nstreamscribe: the server refused {path.name}: {exc}", file=err)
         return 2 if exc.status in (400, 413, 415) else 1
@@ -302,9 +321,8 @@ def upload_main(args: argparse.Namespace, api_key: str | None, out: TextIO, err:
         return 1
     if not args.json:
         print(file=out, flush=True)
-    if args.srt is not None:
-        cues = write_srt(args.srt, result.words)
-        print(f"streamscribe: {cues} subtitle(s) written to {args.srt}", file=err)
+    if args.srt is not None and not srt_written(args.srt, result.words, err):
+        return 1
     return 0
 
 
@@ -333,6 +351,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, *, stdin: BinaryIO | None = None, out: TextIO | None = None,
          err: TextIO | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
+    try:
+        return _main(argv, stdin, out, err)
+    except KeyboardInterrupt:  # before streaming began (looking the model up, reading the file)
+        print("\nstreamscribe: interrupted", file=err)
+        return 130
+
+
+def _main(argv: list[str] | None, stdin: BinaryIO | None, out: TextIO, err: TextIO) -> int:
     args = build_parser().parse_args(argv)
     if args.pace < 0 or args.chunk_ms < 1:
         print("streamscribe: --pace must be >= 0 and --chunk-ms >= 1", file=err)

@@ -80,6 +80,54 @@ def test_errors_are_explicit(start_server, tmp_path):
     assert rc == 1 and "connection to ws://127.0.0.1:9 failed" in err
     rc, _, err = run_client(path, "--url", "127.0.0.1:8000")
     assert rc == 2 and "not a websocket URL" in err
+    # subtitles that cannot be written: the transcript still prints, and the failure is named (it was reported as a
+    # failed connection, or a traceback with --upload)
+    for mode in (["--pace", "0"], ["--upload"]):
+        rc, out, err = run_client(path, "--url", srv.ws_url, "--api-key", "k1", "--model", MODEL,
+                                  "--srt", str(tmp_path / "missing" / "x.srt"), *mode)
+        assert rc == 1 and out.strip() and "cannot write subtitles" in err and "Traceback" not in err, mode
+
+
+def test_a_server_that_closes_or_talks_nonsense_is_a_message_not_a_traceback(tmp_path):
+    """A server that closes normally (1000 or 1001) before the final transcript, or sends a frame that is not JSON:
+    one line and exit 1 (a ConnectionClosedOK or JSONDecodeError traceback before)."""
+    import asyncio
+    import threading
+
+    from websockets.asyncio.server import serve
+
+    async def handler(ws) -> None:
+        kind = ws.request.path.rsplit("/", 1)[-1]
+        await ws.send(json.dumps({"type": "session.created", "session": {}}) if kind != "nonsense" else "not json")
+        if kind == "close_1001":
+            await ws.close(1001, "going away")
+        else:
+            await ws.close()
+
+    ready, stop, port = threading.Event(), threading.Event(), []
+
+    def run() -> None:
+        async def main() -> None:
+            async with serve(handler, "127.0.0.1", 0) as server:
+                port.append(server.sockets[0].getsockname()[1])
+                ready.set()
+                while not stop.is_set():
+                    await asyncio.sleep(0.05)
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        path = wav(tmp_path, AUDIO)
+        for kind, says in (("close", "closed the connection"), ("close_1001", "going away"),
+                           ("nonsense", "not a JSON event")):
+            rc, out, err = run_client(path, "--url", f"ws://127.0.0.1:{port[0]}/{kind}", "--model", MODEL)
+            assert rc == 1 and says in err and "Traceback" not in err, (kind, err)
+    finally:
+        stop.set()
+        thread.join(10)
 
 
 def launch(url: str) -> subprocess.Popen:

@@ -951,6 +951,10 @@ def test_offline_command_transcribes_files_as_the_session_does(tiny_ckpt, tmp_pa
     (tmp_path / "bad.wav").write_bytes(b"not audio")
     assert offline.main(["--model", str(path), "--device", "cpu", str(tmp_path / "bad.wav")]) == 2
     assert "error:" in capsys.readouterr().err
+    # an output file whose folder does not exist is refused before the decoding (it failed after it, a traceback)
+    assert offline.main(["--model", str(path), "--device", "cpu", "--srt", str(tmp_path / "no" / "x.srt"),
+                         str(files[0])]) == 2
+    assert "--srt" in capsys.readouterr().err
     # the engine module's former command line points there instead of doing nothing
     import subprocess
     import sys
