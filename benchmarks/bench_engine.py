@@ -457,6 +457,10 @@ def main() -> int:
         report["B2_max_streams_p99_le_40ms"] = best
         save()
     paced = [int(x) for x in args.paced_streams.split(",") if x] or ([best, max(1, best // 2)] if best else [])
+    limit = report["memory"]["admission_limit_session"]
+    if any(n > limit for n in paced):  # as B2's counts: more would not be admitted (an H100 fits 174, an H200 329)
+        log.info("paced counts above the admission limit %d are left out: %s", limit, [n for n in paced if n > limit])
+        paced = [n for n in paced if n <= limit]
     if True:
         if "paced" not in skip and paced:
 
