@@ -54,14 +54,12 @@ def unsendable(value: Any) -> str | None:
     as `has_unpaired_surrogate`), or None if it could. Checked before a client's value is stored to be echoed: a
     reply that cannot be sent must not be found out only when it is sent."""
     try:
-        json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return UNPAIRED_SURROGATE
+        json.dumps(value, allow_nan=False)
     except ValueError:
         return "NaN and Infinity are not JSON values"
     except RecursionError:
         return "it is nested too deeply"
-    return None
+    return UNPAIRED_SURROGATE if has_unpaired_surrogate(value) else None
 
 
 def dumps(event: dict[str, Any]) -> str:

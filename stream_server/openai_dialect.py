@@ -275,20 +275,23 @@ class OpenAIDialect:
                     await self.conn.wait_for_stream_room()
                     item = self._open_item(ev.start_sample)
                     refused = False
-                    self._send({"type": "input_audio_buffer.speech_started",
-                                "audio_start_ms": _ms(ev.start_sample), "item_id": item.id})
+                    self._speech_event("started", item, ev.start_sample)
                 if isinstance(ev, (SpeechStarted, SpeechAudio)) and self.current is not None:
                     self._push(self.current, ev.audio, arrival)
                 elif isinstance(ev, SpeechStopped):
                     refused = False
                     if self.current is not None:
                         item = self.current
-                        self._send({"type": "input_audio_buffer.speech_stopped",
-                                    "audio_end_ms": _ms(ev.end_sample), "item_id": item.id})
+                        self._speech_event("stopped", item, ev.end_sample)
                         self._commit_item(item)
             except ProtocolError as err:  # this turn's error; the append's later turns still go on
                 refused = self.current is None
                 self.conn.send_error(err, client_event_id)
+
+    def _speech_event(self, kind: str, item: Item, sample: int) -> None:
+        """`input_audio_buffer.speech_started` (its `audio_start_ms`) or `.speech_stopped` (`audio_end_ms`)."""
+        edge = "audio_start_ms" if kind == "started" else "audio_end_ms"
+        self._send({"type": f"input_audio_buffer.speech_{kind}", edge: _ms(sample), "item_id": item.id})
 
     def _push(self, item: Item, x: np.ndarray, arrival: float) -> None:
         try:
@@ -420,16 +423,14 @@ class OpenAIDialect:
             self.conn.send_error(err)
             return
         if self._detector is not None:
-            self._send({"type": "input_audio_buffer.speech_started", "audio_start_ms": _ms(start),
-                        "item_id": item.id})
+            self._speech_event("started", item, start)
         try:
             self._push(item, out.rest, out.rest_arrival)
         except ProtocolError as err:
             self.conn.send_error(err)
         if not goes_on:
             if self._detector is not None:
-                self._send({"type": "input_audio_buffer.speech_stopped",
-                            "audio_end_ms": _ms(start + out.rest.size), "item_id": item.id})
+                self._speech_event("stopped", item, start + out.rest.size)
             self._commit_item(item)
 
 
